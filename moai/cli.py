@@ -1,0 +1,72 @@
+"""`moai` command line: the pipeline without Prefect, for scripts and Slurm.
+
+    moai plan CONFIG       print the resolved config and the hardware plan; run nothing
+    moai prepare CONFIG    run convert → filter → save → tokenizer → tokenize → pack;
+                           the last stdout line is one JSON object with the output paths
+
+CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from moai.config import ConfigError, read_env, resolve_config
+from moai.errors import DataError, TokenizerError
+
+
+def _plan_cmd(args: argparse.Namespace) -> int:
+    from moai.hardware import detect, plan
+
+    config = resolve_config(args.config)
+    hw = detect(config.cache_dir)
+    p = plan(hw, config, read_env())
+    print("# resolved config")
+    print(json.dumps(config.model_dump(mode="json"), indent=2))
+    print("# hardware")
+    print(json.dumps(p.to_dict()["hardware"], indent=2))
+    print("# plan")
+    width = max(len(r["setting"]) for r in p.rows())
+    for r in p.rows():
+        print(f"{r['setting']:<{width}}  {r['value']:<8}  {r['reason']}")
+    return 0
+
+
+def _prepare_cmd(args: argparse.Namespace) -> int:
+    from moai.pipeline import prepare
+
+    config = resolve_config(args.config)
+    result = prepare(config, progress=not args.no_progress)
+    print(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="print the resolved config and hardware plan")
+    p.add_argument("config", help="config file (YAML/JSON) or preset name")
+    p.set_defaults(func=_plan_cmd)
+    p = sub.add_parser("prepare", help="run the data stages")
+    p.add_argument("config", help="config file (YAML/JSON) or preset name")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_prepare_cmd)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.func(args)
+    except (ConfigError, DataError, TokenizerError) as err:
+        print(f"moai: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""One config tree for the whole pipeline.
+
+`PipelineConfig` is made of one small model per stage. Every model forbids unknown keys, so a
+typo in a user's file is an error that names the key instead of a setting silently ignored.
+Environment variables are read here and nowhere else (`read_env`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or value that cannot be used; the message names the file and the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SourceConfig(_Model):
+    """Where the raw documents come from: local files (`path`) or a hub dataset (`hub`)."""
+
+    path: str | None = Field(None, description="Local files, glob allowed: jsonl, json, parquet, csv, txt.")
+    hub: str | None = Field(None, description="A Hugging Face hub dataset name, e.g. 'nvidia/OpenCodeGeneticInstruct'.")
+    split: str = "train"
+    subset: str | None = None
+    text_field: str | None = Field(None, description="Column that holds the text.")
+    text_template: str | None = Field(None, description="Python format string over the row's fields, e.g. '{input}\\n{solution}'.")
+    on_bad_rows: Literal["error", "skip"] = Field(
+        "error", description="Malformed lines, invalid UTF-8, missing fields: fail naming the row, or skip and count."
+    )
+    txt_sample_by: Literal["line", "paragraph", "document"] = "line"
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_source_one_text(self) -> "SourceConfig":
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("set exactly one of source.path (local files) or source.hub (a hub dataset)")
+        if self.text_field is not None and self.text_template is not None:
+            raise ValueError("set source.text_field or source.text_template, not both")
+        if self.text_field is None and self.text_template is None:
+            self.text_field = "text"
+        if self.text_template is not None:
+            try:
+                template_fields(self.text_template)
+            except ValueError as err:
+                raise ValueError(f"source.text_template {self.text_template!r} is not a valid format string: {err}") from None
+        return self
+
+
+def template_fields(template: str) -> list[str]:
+    """Names of the fields a `str.format` template refers to, in order, without repeats."""
+    names: list[str] = []
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if name == "" or name.isdigit():
+            raise ValueError("use named fields like {input}, not positional {}")
+        base = name.split(".")[0].split("[")[0]
+        if base not in names:
+            names.append(base)
+    if not names:
+        raise ValueError("the template names no field")
+    return names
+
+
+class FilterConfig(_Model):
+    min_chars: int = Field(1, ge=0, description="Drop texts shorter than this after stripping whitespace.")
+    max_chars: int | None = Field(None, ge=1, description="Drop texts longer than this (None: no limit).")
+
+
+class SplitConfig(_Model):
+    val_fraction: float = Field(0.01, ge=0.0, lt=1.0)
+    seed: int = 0
+
+
+class SaveConfig(_Model):
+    max_shard_size: str = Field("256MB", description="Largest Arrow shard of the saved text.")
+
+
+class TokenizerTrainConfig(_Model):
+    vocab_size: int = Field(32000, ge=300, le=1_000_000)
+    max_documents: int | None = Field(None, ge=1, description="Train on at most this many documents (None: all).")
+    min_frequency: int = Field(2, ge=1)
+
+
+class TokenizerConfig(_Model):
+    path: str | None = Field(None, description="A Hugging Face fast tokenizer folder (with tokenizer.json) or hub name.")
+    train: TokenizerTrainConfig | None = Field(None, description="Train a byte-level BPE on the saved text instead.")
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "TokenizerConfig":
+        if (self.path is None) == (self.train is None):
+            raise ValueError("set exactly one of tokenizer.path or tokenizer.train")
+        return self
+
+
+class TokenizeConfig(_Model):
+    batch_size: int | None = Field(None, ge=1, description="Documents per encode call (None: from the hardware plan).")
+    num_proc: int | None = Field(None, ge=1, description="Worker processes (None: from the hardware plan).")
+    threads_per_proc: int | None = Field(None, ge=1, description="Rayon threads per worker (None: from the plan).")
+    engine: Literal["auto", "tokenizers", "tiktoken"] = Field(
+        "auto", description="auto: tiktoken when it reproduces the tokenizer exactly, else tokenizers."
+    )
+
+
+class PackConfig(_Model):
+    enabled: bool = True
+    seq_len: int = Field(2048, ge=2)
+    mode: Literal["concat"] = Field("concat", description="concat: concatenate documents and cut seq_len windows.")
+    drop_remainder: bool = Field(True, description="Drop the last window when it is shorter than seq_len.")
+
+
+class ResourcesConfig(_Model):
+    """Explicit resource settings; each one left at None is decided by the hardware plan."""
+
+    num_proc: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(None, ge=1)
+    writer_batch_size: int | None = Field(None, ge=1)
+    loader_workers: int | None = Field(None, ge=0)
+    mem_budget_gb: float | None = Field(None, gt=0)
+
+
+class PipelineConfig(_Model):
+    """Everything one run needs, from raw source to packed samples."""
+
+    cache_dir: str = Field(".moai", description="Where every stage output lives.")
+    source: SourceConfig
+    filter: FilterConfig = FilterConfig()
+    split: SplitConfig = SplitConfig()
+    save: SaveConfig = SaveConfig()
+    tokenizer: TokenizerConfig
+    tokenize: TokenizeConfig = TokenizeConfig()
+    pack: PackConfig = PackConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key")
+        else:
+            lines.append(f"{where}: {e['msg']}")
+    return "; ".join(lines)
+
+
+def parse_config(data: Any, origin: str = "config") -> PipelineConfig:
+    """Validate a plain dict into a `PipelineConfig`, with errors that name `origin` and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping of settings, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{origin}: {_describe(err)}") from None
+
+
+def load_config(path: str | os.PathLike) -> PipelineConfig:
+    """Read a YAML or JSON config file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except (json.JSONDecodeError, Exception) as err:  # yaml.YAMLError has no common import here
+        raise ConfigError(f"{path}: cannot parse: {err}") from None
+    return parse_config(data, origin=str(path))
+
+
+def resolve_config(spec: str) -> PipelineConfig:
+    """A config file path, or the name of a preset (`tiny`)."""
+    from moai import presets
+
+    if Path(spec).is_file():
+        return load_config(spec)
+    if spec in presets.PRESETS:
+        return presets.PRESETS[spec]()
+    raise ConfigError(f"{spec}: neither a config file nor a preset (presets: {', '.join(sorted(presets.PRESETS))})")
+
+
+ENV_SETTINGS = {
+    "DATASET_NUM_PROC": "num_proc",
+    "DATASET_BATCH_SIZE": "batch_size",
+    "DATASET_WRITER_BATCH_SIZE": "writer_batch_size",
+}
+
+
+def read_env(environ: dict[str, str] | None = None) -> dict[str, int]:
+    """Resource settings given through the environment (the only place moai reads it)."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, int] = {}
+    for var, key in ENV_SETTINGS.items():
+        raw = environ.get(var)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"environment variable {var}={raw!r}: expected a positive integer") from None
+        if value < 1:
+            raise ConfigError(f"environment variable {var}={raw!r}: expected a positive integer")
+        found[key] = value
+    return found

@@ -1,0 +1,181 @@
+"""What the machine has (`detect`) and what moai will use of it (`plan`).
+
+`detect` is the only code in moai that asks psutil, the OS or torch.cuda about the machine.
+`plan` is pure: the same hardware and config always give the same plan, so it is tested with
+tables of made-up machines. Every decision carries a one-line reason, and an explicit setting
+(config first, then the DATASET_* environment variables) always wins over the heuristic.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moai.config import PipelineConfig
+
+NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "lustre", "gpfs", "beegfs", "fuse.sshfs", "9p", "ceph", "glusterfs"}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cores: int
+    mem_available_gb: float
+    disk_type: str  # ssd | hdd | network | unknown
+    disk_free_gb: float
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    value: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    num_proc: Decision
+    threads_per_proc: Decision
+    batch_size: Decision
+    writer_batch_size: Decision
+    memory_mode: Decision
+    loader_workers: Decision
+    hardware: Hardware = field(repr=False)
+
+    def rows(self) -> list[dict[str, str]]:
+        """The plan as table rows (setting, value, reason), for printing and UI artifacts."""
+        out = []
+        for name in ("num_proc", "threads_per_proc", "batch_size", "writer_batch_size", "memory_mode", "loader_workers"):
+            d: Decision = getattr(self, name)
+            out.append({"setting": name, "value": str(d.value), "reason": d.reason})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hardware": asdict(self.hardware),
+            "decisions": {r["setting"]: {"value": getattr(self, r["setting"]).value, "reason": r["reason"]} for r in self.rows()},
+        }
+
+
+def _disk_of(path: Path) -> tuple[str, float]:
+    import psutil
+
+    path = path.resolve()
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    free_gb = psutil.disk_usage(str(probe)).free / 1e9
+    best = None
+    for part in psutil.disk_partitions(all=True):
+        mp = Path(part.mountpoint)
+        if probe == mp or mp in probe.parents:
+            if best is None or len(str(mp)) > len(best.mountpoint):
+                best = part
+    if best is None:
+        return "unknown", free_gb
+    if best.fstype.lower() in NETWORK_FILESYSTEMS:
+        return "network", free_gb
+    dev = Path(best.device).name
+    # /sys/block/<disk>/queue/rotational: 1 for spinning disks; partitions map to their parent disk.
+    for candidate in (dev, dev.rstrip("0123456789"), dev.split("p")[0] if dev.startswith("nvme") else dev):
+        rot = Path("/sys/block") / candidate / "queue" / "rotational"
+        if rot.is_file():
+            return ("hdd" if rot.read_text().strip() == "1" else "ssd"), free_gb
+    return "unknown", free_gb
+
+
+def _gpus() -> tuple[str, ...]:
+    try:
+        import torch
+    except ImportError:
+        return ()
+    if not torch.cuda.is_available():
+        return ()
+    return tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+
+
+def detect(cache_dir: str | os.PathLike = ".", with_gpus: bool = True) -> Hardware:
+    """Read the machine: usable cores, available RAM, disk of `cache_dir`, GPUs."""
+    import psutil
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = psutil.cpu_count(logical=True) or 1
+    disk_type, free_gb = _disk_of(Path(cache_dir))
+    return Hardware(
+        cores=cores,
+        mem_available_gb=round(psutil.virtual_memory().available / 1e9, 1),
+        disk_type=disk_type,
+        disk_free_gb=round(free_gb, 1),
+        gpus=_gpus() if with_gpus else (),
+    )
+
+
+def _explicit(name: str, config_value: Any, env: dict[str, int]) -> Decision | None:
+    if config_value is not None:
+        return Decision(config_value, f"set in config ({name})")
+    if name in env:
+        var = {"num_proc": "DATASET_NUM_PROC", "batch_size": "DATASET_BATCH_SIZE", "writer_batch_size": "DATASET_WRITER_BATCH_SIZE"}[name]
+        return Decision(env[name], f"set by environment variable {var}")
+    return None
+
+
+# One encode_batch stops scaling past a few Rayon threads, while processes with few threads
+# each keep scaling (../shared/FIELD-NOTES.md): on small machines one process holds all cores
+# (no start-up cost), on bigger ones every process gets this many threads.
+THREADS_PER_PROC_MANY_CORES = 2
+SMALL_MACHINE_CORES = 4
+# Memory a tokenize worker holds beyond its batch (interpreter, tokenizer, Arrow maps).
+WORKER_BASE_GB = 0.4
+
+
+def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None) -> Plan:
+    """Turn hardware + config (+ DATASET_* environment settings) into resource decisions."""
+    env = env or {}
+    res = config.resources
+    tok = config.tokenize
+
+    budget_gb = res.mem_budget_gb or max(0.5, hw.mem_available_gb * 0.5)
+
+    num_proc = _explicit("num_proc", tok.num_proc or res.num_proc, env)
+    if num_proc is None:
+        if hw.cores <= SMALL_MACHINE_CORES:
+            num_proc = Decision(1, f"{hw.cores} cores: one process with all cores as Rayon threads avoids worker start-up")
+        else:
+            by_cores = max(1, hw.cores // THREADS_PER_PROC_MANY_CORES)
+            by_mem = max(1, int(budget_gb / WORKER_BASE_GB))
+            n = min(by_cores, by_mem)
+            why = f"{hw.cores} cores / {THREADS_PER_PROC_MANY_CORES} threads each"
+            if by_mem < by_cores:
+                why += f", capped by memory budget {budget_gb:.1f} GB"
+            num_proc = Decision(n, why)
+
+    if tok.threads_per_proc is not None:
+        threads = Decision(tok.threads_per_proc, "set in config (tokenize.threads_per_proc)")
+    else:
+        t = max(1, hw.cores // num_proc.value)
+        threads = Decision(t, f"{hw.cores} cores shared by {num_proc.value} process(es)")
+
+    batch = _explicit("batch_size", tok.batch_size or res.batch_size, env)
+    if batch is None:
+        batch = Decision(1000, "1000 documents per encode call: enough work for every thread, bounded memory")
+
+    writer = _explicit("writer_batch_size", res.writer_batch_size, env)
+    if writer is None:
+        writer = Decision(10_000, "10000 rows per Arrow record batch: flat memory while converting text")
+
+    if hw.mem_available_gb < 2:
+        memory_mode = Decision("lean", f"only {hw.mem_available_gb} GB available: smallest batches, one worker at a time")
+    else:
+        memory_mode = Decision("stream", f"{hw.mem_available_gb} GB available; every stage streams in bounded batches")
+
+    if res.loader_workers is not None:
+        loader = Decision(res.loader_workers, "set in config (resources.loader_workers)")
+    else:
+        per_gpu = max(1, len(hw.gpus))
+        lw = max(0, min(4, (hw.cores // per_gpu) - 1))
+        loader = Decision(lw, f"{hw.cores} cores for {per_gpu} training process(es), one core kept for the step itself")
+
+    return Plan(num_proc, threads, batch, writer, memory_mode, loader, hardware=hw)

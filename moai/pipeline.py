@@ -1,0 +1,176 @@
+"""The stages chained on the store: convert → filter → save → tokenizer → tokenize → pack.
+
+`Pipeline` knows each stage's key (a pure function of the config and the upstream key, so a
+Prefect flow can compute it before running a task) and runs a stage through `Store.build`, which
+reuses a published output or builds it once. `prepare` runs them all; `moai prepare` and the
+Prefect flow both go through here, so they share one cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from moai.config import PipelineConfig, read_env
+from moai.hardware import Plan, detect, plan as make_plan
+from moai.stages import convert as convert_mod
+from moai.stages import filter as filter_mod
+from moai.stages import pack as pack_mod
+from moai.stages import save as save_mod
+from moai.stages import tokenize as tokenize_mod
+from moai.stages import tokenizer as tokenizer_mod
+from moai.store import Store, stage_key
+
+log = logging.getLogger(__name__)
+
+STAGES = ("convert", "filter", "save", "tokenizer", "tokenize", "pack")
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage hands downstream: where its output is, its key, its report, and whether it was built now."""
+
+    stage: str
+    key: str
+    path: str
+    report: dict[str, Any]
+    built: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Pipeline:
+    def __init__(self, config: PipelineConfig, plan: Plan | None = None, progress: bool = True):
+        self.config = config
+        self.store = Store(config.cache_dir)
+        self._plan = plan
+        self.progress = progress
+
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None:
+            self._plan = make_plan(detect(self.config.cache_dir, with_gpus=False), self.config, read_env())
+        return self._plan
+
+    # -- keys: pure functions of the config and upstream keys -------------------------------------
+
+    def settings(self, stage: str) -> tuple[int, dict[str, Any]]:
+        c = self.config
+        table: dict[str, tuple[int, dict[str, Any]]] = {
+            "convert": (convert_mod.VERSION, convert_mod.settings(c.source)),
+            "filter": (filter_mod.VERSION, c.filter.model_dump()),
+            "save": (save_mod.VERSION, {**c.split.model_dump(), "max_shard_size": c.save.max_shard_size}),
+            "tokenizer": (tokenizer_mod.VERSION, c.tokenizer.train.model_dump() if c.tokenizer.train else {}),
+            "tokenize": (tokenize_mod.VERSION, {}),  # workers, threads, batch size do not change the output
+            "pack": (pack_mod.VERSION, c.pack.model_dump(exclude={"enabled"})),
+        }
+        return table[stage]
+
+    def key(self, stage: str, *upstream: str) -> str:
+        version, settings = self.settings(stage)
+        return stage_key(stage, version, list(upstream), settings)
+
+    def is_published(self, stage: str, key: str) -> bool:
+        return self.store.exists(stage, key)
+
+    # -- stages ------------------------------------------------------------------------------------
+
+    def _run(self, stage: str, key: str, upstream: list[str], build: Callable[[Path], dict[str, Any]]) -> StageResult:
+        version, settings = self.settings(stage)
+        pub = self.store.build(stage, key, build, manifest={"upstream": upstream, "settings": settings, "version": version})
+        report = dict(pub.manifest["report"])
+        log.info("%s: %s %s", stage, "built" if pub.built else "reused", pub.path)
+        return StageResult(stage, key, str(pub.path), report, pub.built)
+
+    def source_fingerprint(self) -> str:
+        return convert_mod.source_fingerprint(self.config.source)
+
+    def convert(self, source_fp: str) -> StageResult:
+        key = self.key("convert", source_fp)
+        return self._run("convert", key, [source_fp], lambda out: convert_mod.convert(
+            self.config.source, out, writer_batch_size=self.plan.writer_batch_size.value,
+            max_shard_size=self.config.save.max_shard_size))
+
+    def filter(self, converted: StageResult) -> StageResult:
+        key = self.key("filter", converted.key)
+        return self._run("filter", key, [converted.key], lambda out: filter_mod.filter_text(
+            self.config.filter, Path(converted.path), out, batch_size=self.plan.writer_batch_size.value,
+            max_shard_size=self.config.save.max_shard_size))
+
+    def save(self, filtered: StageResult) -> StageResult:
+        key = self.key("save", filtered.key)
+        return self._run("save", key, [filtered.key], lambda out: save_mod.save(
+            self.config.split, Path(filtered.path), out, max_shard_size=self.config.save.max_shard_size))
+
+    def tokenizer_key(self, saved_key: str) -> str:
+        """Key of the tokenizer: its files' fingerprint when given, the stage key when trained."""
+        tcfg = self.config.tokenizer
+        if tcfg.train is None:
+            return tokenizer_mod.tokenizer_fingerprint(tcfg)
+        return self.key("tokenizer", saved_key)
+
+    def tokenizer(self, saved: StageResult) -> StageResult:
+        tcfg = self.config.tokenizer
+        key = self.tokenizer_key(saved.key)
+        if tcfg.train is None:
+            tok = tokenizer_mod.load_tokenizer(tcfg.path, tcfg.trust_remote_code)
+            info = tokenizer_mod.describe(tok, tcfg.path, key)
+            report = {"source": "given", "vocab_size": info.vocab_size, "eos_id": info.eos_id, "pad_id": info.pad_id,
+                      "warnings": info.warnings, "seconds": 0.0}
+            return StageResult("tokenizer", key, str(Path(tcfg.path).expanduser()), report, built=False)
+        return self._run("tokenizer", key, [saved.key], lambda out: tokenizer_mod.train_tokenizer(
+            tcfg.train, Path(saved.path), out, batch_size=self.plan.batch_size.value))
+
+    def tokenize(self, saved: StageResult, tok: StageResult) -> StageResult:
+        key = self.key("tokenize", saved.key, tok.key)
+        if self.store.exists("tokenize", key):
+            return self._run("tokenize", key, [saved.key, tok.key], _never)
+        tcfg = self.config.tokenizer
+        loaded = tokenizer_mod.load_tokenizer(tok.path, tcfg.trust_remote_code and tcfg.train is None)
+        info = tokenizer_mod.describe(loaded, tok.path, tok.key)
+        p = self.plan
+        return self._run("tokenize", key, [saved.key, tok.key], lambda out: tokenize_mod.tokenize(
+            info, Path(saved.path), out, num_proc=p.num_proc.value, threads_per_proc=p.threads_per_proc.value,
+            batch_size=p.batch_size.value, progress=self.progress))
+
+    def pack(self, tokens: StageResult) -> StageResult:
+        key = self.key("pack", tokens.key)
+        ref = str(Path(tokens.path).relative_to(self.store.root))
+        return self._run("pack", key, [tokens.key], lambda out: pack_mod.pack(
+            self.config.pack, Path(tokens.path), out, store_ref=ref))
+
+
+def _never(out: Path) -> dict[str, Any]:
+    raise RuntimeError("stage output vanished between check and use")
+
+
+def summary(results: dict[str, StageResult]) -> dict[str, Any]:
+    """The one-line result of a run: where the token store and sample index are, and counts."""
+    tokens = results["tokenize"]
+    pack = results.get("pack")
+    return {
+        "token_store": tokens.path,
+        "sample_index": pack.path if pack else None,
+        "tokenizer": results["tokenizer"].path,
+        "num_tokens": tokens.report["tokens"],
+        "num_documents": tokens.report["documents"],
+        "num_samples": pack.report["samples"] if pack else None,
+        "stages": {name: {"key": r.key, "built": r.built, "seconds": r.report.get("seconds")} for name, r in results.items()},
+    }
+
+
+def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run every data stage (no Prefect) and return `summary`."""
+    p = Pipeline(config, plan=plan, progress=progress)
+    results: dict[str, StageResult] = {}
+    results["convert"] = p.convert(p.source_fingerprint())
+    results["filter"] = p.filter(results["convert"])
+    results["save"] = p.save(results["filter"])
+    results["tokenizer"] = p.tokenizer(results["save"])
+    results["tokenize"] = p.tokenize(results["save"], results["tokenizer"])
+    if config.pack.enabled:
+        results["pack"] = p.pack(results["tokenize"])
+    return summary(results)

@@ -1,0 +1,278 @@
+"""convert: read the source (local files or a hub dataset) and build one `text` column.
+
+Local formats by extension: `.jsonl`/`.ndjson` (one object a line), `.json` (JSON lines, or one
+array of objects), `.parquet`, `.csv`, `.txt` (by line, paragraph or whole file). JSON lines are
+parsed one by one so that a bad row is reported with its file and line number, or, with
+`source.on_bad_rows: skip`, skipped and counted by reason. The text comes from `text_field` or
+from `text_template` formatted over the row's fields.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+from moai.config import SourceConfig, template_fields
+from moai.errors import DataError
+from moai.store import fingerprint_files
+from moai.textio import write_text_dataset
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "txt"}
+
+
+def settings(source: SourceConfig) -> dict[str, Any]:
+    return source.model_dump(exclude={"path", "hub", "split", "subset"})
+
+
+def source_files(source: SourceConfig) -> list[Path]:
+    """The local files `source.path` names, sorted; a clear error if it names none we can read."""
+    pattern = str(Path(source.path).expanduser())
+    matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    if not matches:
+        raise DataError(f"source.path {source.path!r} matches no files (working directory: {Path.cwd()})")
+    unknown = [p for p in matches if p.suffix.lower() not in FORMATS]
+    if unknown:
+        raise DataError(
+            f"source.path {source.path!r}: cannot read {unknown[0]} (extension {unknown[0].suffix!r}); "
+            f"supported: {', '.join(sorted(FORMATS))}"
+        )
+    return matches
+
+
+@functools.lru_cache(maxsize=4)
+def _load_hub(name: str, subset: str | None, split: str, trust_remote_code: bool):
+    import datasets
+
+    kwargs = {"trust_remote_code": True} if trust_remote_code else {}
+    if trust_remote_code:
+        log.warning("source.trust_remote_code is on: %s may run code from the hub on this machine", name)
+    try:
+        return datasets.load_dataset(name, subset, split=split, **kwargs)
+    except Exception as err:  # offline, unknown name, bad split: all end up here, named
+        raise DataError(
+            f"cannot load hub dataset {name!r} (subset={subset!r}, split={split!r}): {type(err).__name__}: {err}. "
+            "If this machine is offline, download it where you have network "
+            f"(datasets.load_dataset({name!r}).to_json('data/{name.split('/')[-1]}.jsonl')), "
+            "copy the files here and set source.path to them instead of source.hub."
+        ) from err
+
+
+def source_fingerprint(source: SourceConfig) -> str:
+    """Root of every key: the `datasets` fingerprint of a hub dataset, or a content hash of local files."""
+    if source.hub is not None:
+        ds = _load_hub(source.hub, source.subset, source.split, source.trust_remote_code)
+        return f"hub:{source.hub}:{ds._fingerprint}"
+    return f"files:{fingerprint_files(source_files(source))}"
+
+
+class _Rows:
+    """Counts and routes bad rows: raise naming the place, or skip and count the reason."""
+
+    def __init__(self, source: SourceConfig):
+        self.source = source
+        self.dropped: Counter[str] = Counter()
+        self.rows_in = 0
+
+    def bad(self, reason: str, where: str, detail: str) -> None:
+        if self.source.on_bad_rows == "skip":
+            self.dropped[reason] += 1
+            if self.dropped[reason] <= 3:
+                log.warning("skipping %s: %s (%s)", where, reason, detail)
+            return
+        raise DataError(f"{where}: {detail} (set source.on_bad_rows: skip to skip and count such rows)")
+
+
+def _text_of(row: dict[str, Any], source: SourceConfig, rows: _Rows, where: str) -> str | None:
+    if source.text_field is not None:
+        if source.text_field not in row:
+            rows.bad(
+                "missing_field", where,
+                f"no field {source.text_field!r} (source.text_field); fields here: {sorted(row)}",
+            )
+            return None
+        value = row[source.text_field]
+        return "" if value is None else value if isinstance(value, str) else str(value)
+    missing = [f for f in template_fields(source.text_template) if f not in row]
+    if missing:
+        rows.bad(
+            "missing_field", where,
+            f"source.text_template needs {missing} but the row has only {sorted(row)}",
+        )
+        return None
+    return source.text_template.format_map({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def _json_lines(path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                rows.rows_in += 1
+                rows.bad("invalid_utf8", where, f"invalid UTF-8 at byte {err.start} of the line")
+                continue
+            if not line.strip():
+                continue
+            rows.rows_in += 1
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                rows.bad("bad_json", where, f"malformed JSON: {err.msg} at column {err.colno}")
+                continue
+            if not isinstance(obj, dict):
+                rows.bad("not_an_object", where, f"expected a JSON object, got {type(obj).__name__}")
+                continue
+            yield where, obj
+
+
+def _json_file(path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip()
+    if not head.startswith(b"["):
+        yield from _json_lines(path, rows)
+        return
+    try:
+        items = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: invalid UTF-8 at byte {err.start}") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: malformed JSON: {err.msg} at column {err.colno}") from None
+    for i, obj in enumerate(items):
+        rows.rows_in += 1
+        where = f"{path}[{i}]"
+        if not isinstance(obj, dict):
+            rows.bad("not_an_object", where, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        yield where, obj
+
+
+def _arrow_batches(path: Path, kind: str, columns: list[str] | None):
+    import pyarrow as pa
+
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(path)
+            names = pf.schema_arrow.names
+            _check_columns(path, names, columns)
+            yield from pf.iter_batches(batch_size=10_000, columns=columns)
+        else:
+            import pyarrow.csv as pcsv
+
+            reader = pcsv.open_csv(path)
+            _check_columns(path, reader.schema.names, columns)
+            for batch in reader:
+                yield batch
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        msg = str(err)
+        hint = " (invalid UTF-8?)" if "utf8" in msg.lower() or "utf-8" in msg.lower() else ""
+        raise DataError(f"{path}: cannot read as {kind}{hint}: {msg}") from None
+
+
+def _check_columns(path: Path, names: list[str], needed: list[str] | None) -> None:
+    missing = [c for c in needed or [] if c not in names]
+    if missing:
+        raise DataError(f"{path}: no column(s) {missing}; columns here: {names}")
+
+
+def _needed_fields(source: SourceConfig) -> list[str]:
+    return [source.text_field] if source.text_field is not None else template_fields(source.text_template)
+
+
+def _table_rows(path: Path, kind: str, source: SourceConfig, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    first = 0
+    for batch in _arrow_batches(path, kind, _needed_fields(source)):
+        for i, obj in enumerate(batch.to_pylist()):
+            rows.rows_in += 1
+            yield f"{path}:row {first + i}", obj
+        first += batch.num_rows
+
+
+def _txt_rows(path: Path, source: SourceConfig, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        rows.rows_in += 1
+        rows.bad("invalid_utf8", f"{path}:{line}", f"invalid UTF-8 at byte {err.start} of the file")
+        return
+    if source.txt_sample_by == "document":
+        pieces = [text]
+    elif source.txt_sample_by == "paragraph":
+        pieces = [p for p in text.split("\n\n") if p.strip()]
+    else:
+        pieces = text.splitlines()
+    for i, piece in enumerate(pieces):
+        rows.rows_in += 1
+        yield f"{path}:{i + 1}", {"text": piece}
+
+
+def _file_rows(path: Path, source: SourceConfig, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    kind = FORMATS[path.suffix.lower()]
+    if kind == "jsonl":
+        return _json_lines(path, rows)
+    if kind == "json":
+        return _json_file(path, rows)
+    if kind == "txt":
+        return _txt_rows(path, source, rows)
+    return _table_rows(path, kind, source, rows)
+
+
+def _hub_rows(source: SourceConfig, rows: _Rows, batch_size: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    ds = _load_hub(source.hub, source.subset, source.split, source.trust_remote_code)
+    missing = [c for c in _needed_fields(source) if c not in ds.column_names]
+    if missing:
+        raise DataError(f"hub dataset {source.hub!r}: no column(s) {missing}; columns: {ds.column_names}")
+    i = 0
+    for batch in ds.iter(batch_size=batch_size):
+        keys = list(batch)
+        for values in zip(*batch.values()):
+            rows.rows_in += 1
+            yield f"{source.hub}[{i}]", dict(zip(keys, values))
+            i += 1
+
+
+def convert(source: SourceConfig, out_dir: Path, *, writer_batch_size: int, max_shard_size: str) -> dict[str, Any]:
+    """Read every row of the source and write its text as a `save_to_disk` folder. Returns the report."""
+    started = time.perf_counter()
+    rows = _Rows(source)
+    if source.hub is not None:
+        located: Iterator[tuple[str, dict[str, Any]]] = _hub_rows(source, rows, writer_batch_size)
+        files = [source.hub]
+    else:
+        paths = source_files(source)
+        files = [str(p) for p in paths]
+        located = (item for p in paths for item in _file_rows(p, source, rows))
+
+    def batches() -> Iterator[list[str]]:
+        buf: list[str] = []
+        for where, row in located:
+            text = _text_of(row, source, rows, where)
+            if text is None:
+                continue
+            buf.append(text)
+            if len(buf) >= writer_batch_size:
+                yield buf
+                buf = []
+        if buf:
+            yield buf
+
+    rows_out = write_text_dataset(batches(), out_dir, max_shard_size)
+    return {
+        "rows_in": rows.rows_in,
+        "rows_out": rows_out,
+        "dropped": dict(rows.dropped),
+        "files": len(files),
+        "seconds": round(time.perf_counter() - started, 3),
+    }

@@ -1,0 +1,55 @@
+"""save: publish the clean text as a sharded `save_to_disk` DatasetDict with train/validation.
+
+Validation rows are a seeded random choice of `round(val_fraction · rows)` rows (at least one
+when val_fraction > 0); both splits keep the corpus order. Selecting with an in-memory index
+(8 bytes a row) keeps `datasets` from writing index caches next to the published input.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moai.config import SplitConfig
+from moai.errors import DataError
+from moai.textio import open_text
+
+VERSION = 1
+
+
+def validation_rows(num_rows: int, cfg: SplitConfig) -> np.ndarray:
+    """Sorted indices of the validation rows: a pure function of (num_rows, val_fraction, seed)."""
+    if cfg.val_fraction == 0 or num_rows < 2:
+        return np.empty(0, dtype=np.int64)
+    n_val = min(num_rows - 1, max(1, round(num_rows * cfg.val_fraction)))
+    rng = np.random.default_rng(cfg.seed)
+    return np.sort(rng.choice(num_rows, size=n_val, replace=False)).astype(np.int64)
+
+
+def save(cfg: SplitConfig, in_dir: Path, out_dir: Path, *, max_shard_size: str) -> dict[str, Any]:
+    import datasets
+
+    started = time.perf_counter()
+    ds = open_text(in_dir)
+    n = ds.num_rows
+    if n == 0:
+        raise DataError(f"{in_dir}: no rows to save")
+    val = validation_rows(n, cfg)
+    mask = np.ones(n, dtype=bool)
+    mask[val] = False
+    train_idx = np.flatnonzero(mask)
+    splits = {"train": ds.select(train_idx, keep_in_memory=True) if len(val) else ds}
+    if len(val):
+        splits["validation"] = ds.select(val, keep_in_memory=True)
+    else:
+        splits["validation"] = ds.select([], keep_in_memory=True)
+    datasets.DatasetDict(splits).save_to_disk(str(out_dir), max_shard_size=max_shard_size)
+    return {
+        "rows_in": n,
+        "rows_out": n,
+        "splits": {name: split.num_rows for name, split in splits.items()},
+        "seconds": round(time.perf_counter() - started, 3),
+    }

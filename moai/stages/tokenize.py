@@ -1,0 +1,221 @@
+"""tokenize: saved text → flat token store (see `moai.tokens` for the layout).
+
+How it stays at the tokenizer's own speed:
+
+- Each split is cut into fixed row ranges ("parts"). A worker memory-maps the saved Arrow
+  shards itself and reads its rows: no text is pickled through a pipe.
+- Each part is encoded in batches with `encode_batch_fast` (no offsets), converted to uint16 /
+  uint32 per document by NumPy, and written by the worker to its own `.bin`/`.idx`: there is no
+  single writer that every token funnels through.
+- Workers start with `spawn` and build their own tokenizer from the exact backend pipeline the
+  main process loaded; the number of processes and Rayon threads each comes from the hardware
+  plan. With one process (small machines) the work runs in this process, no start-up cost.
+
+Memory is bounded by one batch per worker (plus the document offsets being written), whatever
+the corpus size. Every document gets EOS appended after the tokenizer's own special tokens, so a
+document's ids equal `tokenizer(text)["input_ids"] + [eos]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moai.stages.tokenizer import TokenizerInfo
+from moai.textio import open_split_table, text_batches
+from moai.tokens import STORE_FORMAT
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+SPLITS = ("train", "validation")
+TARGET_PARTS = 64  # parts per split: enough to keep 64 workers busy, few files for small data
+MIN_PART_ROWS = 1000
+
+
+def part_ranges(num_rows: int) -> list[tuple[int, int]]:
+    """Row ranges of a split's parts: a function of the row count alone (not of the worker count)."""
+    if num_rows == 0:
+        return []
+    size = max(MIN_PART_ROWS, math.ceil(num_rows / TARGET_PARTS))
+    return [(lo, min(lo + size, num_rows)) for lo in range(0, num_rows, size)]
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+@dataclass(frozen=True)
+class PartJob:
+    text_dir: str
+    split: str
+    index: int
+    start: int
+    stop: int
+    out_dir: str
+    dtype: str
+    eos_id: int
+    batch_size: int
+
+
+# Per-process state: the tokenizer and opened tables. Set by `_init` in a worker, or in the main process.
+_state: dict[str, Any] = {}
+
+
+def _init(backend_json: str, rayon_threads: int | None) -> None:
+    if rayon_threads is not None:
+        # Read by Rayon when its pool first starts, which is after this in a fresh worker.
+        os.environ["RAYON_NUM_THREADS"] = str(rayon_threads)
+    from tokenizers import Tokenizer
+
+    _state["tokenizer"] = Tokenizer.from_str(backend_json)
+    _state["tables"] = {}
+
+
+def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Encode texts with the process's tokenizer: (flat ids with EOS after each, document lengths)."""
+    encodings = _state["tokenizer"].encode_batch_fast(texts, add_special_tokens=True)
+    ids = [e.ids for e in encodings]
+    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    ends = np.cumsum(lengths)
+    flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+    start = 0
+    for x, end in zip(ids, ends):
+        flat[start : end - 1] = x
+        start = end
+    flat[ends - 1] = eos_id
+    return flat, lengths
+
+
+def _encode_part(job: PartJob, on_batch=None) -> dict[str, int]:
+    tables = _state["tables"]
+    key = (job.text_dir, job.split)
+    if key not in tables:
+        tables[key] = open_split_table(job.text_dir, job.split)
+    table = tables[key]
+    out = Path(job.out_dir) / job.split
+    stem = f"part-{job.index:05d}"
+    dtype = np.dtype(job.dtype)
+    num_tokens = 0
+    num_docs = 0
+    with open(out / f"{stem}.bin", "wb") as fbin, open(out / f"{stem}.idx", "wb") as fidx:
+        for batch in text_batches(table, job.batch_size, job.start, job.stop):
+            texts = batch.column(0).fill_null("").to_pylist()
+            flat, lengths = encode_documents(texts, job.eos_id, dtype)
+            fbin.write(flat.tobytes())
+            fidx.write((np.cumsum(lengths) + num_tokens).astype("<i8").tobytes())
+            num_tokens += len(flat)
+            num_docs += len(texts)
+            if on_batch is not None:
+                on_batch(len(texts), len(flat))
+    return {"index": job.index, "split": job.split, "num_documents": num_docs, "num_tokens": num_tokens,
+            "bin": f"{job.split}/{stem}.bin", "idx": f"{job.split}/{stem}.idx"}
+
+
+def _peak_rss_mb() -> tuple[float, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return round(own, 1), round(children, 1)
+
+
+def tokenize(
+    info: TokenizerInfo,
+    text_dir: Path,
+    out_dir: Path,
+    *,
+    num_proc: int,
+    threads_per_proc: int,
+    batch_size: int,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`."""
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    dtype = token_dtype(info.vocab_size)
+    jobs: list[PartJob] = []
+    for split in SPLITS:
+        rows = open_split_table(text_dir, split).num_rows
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
+        for i, (lo, hi) in enumerate(part_ranges(rows)):
+            jobs.append(PartJob(str(text_dir), split, i, lo, hi, str(out_dir), dtype.str, info.eos_id, batch_size))
+    total_docs = sum(j.stop - j.start for j in jobs)
+    num_proc = max(1, min(num_proc, len(jobs)))
+
+    bar = tqdm(total=total_docs, unit="doc", desc="tokenize", disable=not progress, mininterval=0.5)
+    done_tokens = 0
+
+    def advance(docs: int, tokens: int) -> None:
+        nonlocal done_tokens
+        done_tokens += tokens
+        bar.update(docs)
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix_str(f"{done_tokens / elapsed:,.0f} tok/s", refresh=False)
+
+    results: list[dict[str, int]] = []
+    try:
+        if num_proc == 1:
+            _init(info.backend_json, None)
+            for job in jobs:
+                results.append(_encode_part(job, on_batch=advance))
+        else:
+            ctx = get_context("spawn")
+            with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init,
+                                     initargs=(info.backend_json, threads_per_proc)) as pool:
+                futures = {pool.submit(_encode_part, job): job for job in jobs}
+                for fut in as_completed(futures):
+                    r = fut.result()
+                    results.append(r)
+                    advance(r["num_documents"], r["num_tokens"])
+    finally:
+        bar.close()
+        _state.clear()  # drop this process's tokenizer and table maps (inline mode)
+
+    seconds = time.perf_counter() - started
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        parts = sorted((r for r in results if r["split"] == split), key=lambda r: r["index"])
+        splits[split] = {
+            "num_tokens": sum(p["num_tokens"] for p in parts),
+            "num_documents": sum(p["num_documents"] for p in parts),
+            "parts": [{k: p[k] for k in ("bin", "idx", "num_tokens", "num_documents")} for p in parts],
+        }
+    meta = {
+        "format": STORE_FORMAT,
+        "dtype": dtype.str,
+        "eos_id": info.eos_id,
+        "vocab_size": info.vocab_size,
+        "tokenizer": info.name_or_path,
+        "tokenizer_fingerprint": info.fingerprint,
+        "splits": splits,
+    }
+    (out_dir / "tokens.json").write_text(json.dumps(meta, indent=2))
+    num_tokens = sum(s["num_tokens"] for s in splits.values())
+    own_mb, workers_mb = _peak_rss_mb()
+    return {
+        "rows_in": total_docs,
+        "rows_out": total_docs,
+        "documents": total_docs,
+        "tokens": num_tokens,
+        "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(num_tokens / seconds, 1) if seconds > 0 else None,
+        "engine": "tokenizers",
+        "processes": num_proc,
+        "threads_per_process": threads_per_proc if num_proc > 1 else "rayon default",
+        "dtype": dtype.name,
+        "peak_rss_mb": own_mb,
+        "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
+        "warnings": info.warnings,
+    }

@@ -1,0 +1,144 @@
+"""tokenizer: load a Hugging Face fast tokenizer, or train a byte-level BPE from the saved text.
+
+A loaded tokenizer must be fast (a `tokenizer.json` that the Rust `tokenizers` library runs) and
+must have an EOS token, which ends every document in the token store. A missing PAD, or PAD
+equal to EOS, is allowed but warned about: padded batches would then mask real EOS labels.
+
+A trained tokenizer is a cached stage of its own, keyed on the saved text and its settings,
+saved with `save_pretrained` so `AutoTokenizer.from_pretrained` opens it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moai.config import TokenizerConfig, TokenizerTrainConfig
+from moai.errors import TokenizerError
+from moai.store import fingerprint_dir
+from moai.textio import open_text, text_batches
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What the tokenize stage needs to know of a tokenizer; small and picklable."""
+
+    name_or_path: str
+    fingerprint: str
+    backend_json: str  # the exact Rust pipeline, with the post-processor transformers configured
+    eos_id: int
+    pad_id: int | None
+    vocab_size: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """Load a transformers fast tokenizer from a folder (or the hub) with clear errors."""
+    from transformers import AutoTokenizer
+
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise TokenizerError(f"tokenizer.path {name_or_path!r} is a file; give the folder that holds tokenizer.json")
+        if not (path / "tokenizer.json").is_file():
+            present = sorted(p.name for p in path.iterdir())
+            raise TokenizerError(
+                f"tokenizer.path {name_or_path!r} has no tokenizer.json (files: {present}). moai needs a fast "
+                "tokenizer: convert a slow one with AutoTokenizer.from_pretrained(path).save_pretrained(path) "
+                "where `tokenizers` can convert it, or use tokenizer.train to train one."
+            )
+    if trust_remote_code:
+        log.warning("tokenizer.trust_remote_code is on: loading %s may run code from it", name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else name_or_path, trust_remote_code=trust_remote_code)
+    except Exception as err:
+        raise TokenizerError(
+            f"cannot load tokenizer {name_or_path!r}: {type(err).__name__}: {err}. "
+            "Give a local folder with tokenizer.json (offline machines cannot reach the hub)."
+        ) from err
+    if not getattr(tok, "is_fast", False):
+        raise TokenizerError(
+            f"tokenizer {name_or_path!r} is a slow (Python) tokenizer ({type(tok).__name__}); moai needs a fast one "
+            "with tokenizer.json"
+        )
+    return tok
+
+
+def describe(tok, name_or_path: str, fingerprint: str) -> TokenizerInfo:
+    """Check EOS/PAD and capture the backend pipeline the workers will run."""
+    if tok.eos_token_id is None:
+        raise TokenizerError(
+            f"tokenizer {name_or_path!r} has no EOS token; every document must end with one. "
+            "Set eos_token in its tokenizer_config.json"
+        )
+    warnings = []
+    if tok.pad_token_id is None:
+        warnings.append(f"tokenizer {name_or_path!r} has no PAD token; unpacked (padded) training needs one")
+    elif tok.pad_token_id == tok.eos_token_id:
+        warnings.append(
+            f"tokenizer {name_or_path!r}: PAD is EOS ({tok.eos_token!r}); masking padding would also mask real EOS labels"
+        )
+    for w in warnings:
+        log.warning(w)
+    return TokenizerInfo(
+        name_or_path=name_or_path,
+        fingerprint=fingerprint,
+        backend_json=tok.backend_tokenizer.to_str(),
+        eos_id=int(tok.eos_token_id),
+        pad_id=None if tok.pad_token_id is None else int(tok.pad_token_id),
+        vocab_size=len(tok),
+        warnings=warnings,
+    )
+
+
+def tokenizer_fingerprint(cfg: TokenizerConfig) -> str:
+    """Fingerprint of a given tokenizer: its files' content (a hub name: its resolved files)."""
+    path = Path(cfg.path).expanduser()
+    if path.is_dir():
+        return "dir:" + fingerprint_dir(path, TOKENIZER_FILES + ["vocab.json", "merges.txt", "tokenizer.model"])
+    tok = load_tokenizer(cfg.path, cfg.trust_remote_code)
+    return "hub:" + cfg.path + ":" + hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:32]
+
+
+def train_tokenizer(cfg: TokenizerTrainConfig, text_dir: Path, out_dir: Path, *, batch_size: int = 1000) -> dict[str, Any]:
+    """Train a byte-level BPE of `vocab_size` on the train split and save it in Hugging Face format."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    started = time.perf_counter()
+    table = open_text(text_dir)["train"].data.table
+    limit = min(table.num_rows, cfg.max_documents or table.num_rows)
+
+    def texts():
+        for batch in text_batches(table, batch_size, 0, limit):
+            yield batch.column(0).to_pylist()
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts(), trainer=trainer, length=limit)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, unk_token=None)
+    fast.save_pretrained(str(out_dir))
+    return {
+        "documents": limit,
+        "vocab_size": len(fast),
+        "seconds": round(time.perf_counter() - started, 3),
+    }

@@ -1,0 +1,74 @@
+"""Writing and reading the text stages' `save_to_disk` folders in bounded batches.
+
+We write Arrow record batches straight to a stream file, then let `datasets` lay it out as a
+`save_to_disk` folder. No `datasets.map`/`filter` runs on our data: they write cache files next
+to their input (inside a published folder) and race in shared cache dirs, which is the
+`FileNotFoundError: .../tmpXXXX` our users hit.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+
+TEXT_SCHEMA = pa.schema([("text", pa.string())])
+
+
+def write_text_dataset(batches: Iterable[list[str] | pa.RecordBatch], out_dir: Path, max_shard_size: str) -> int:
+    """Write batches of texts as a `save_to_disk` folder in `out_dir`; return the row count."""
+    import datasets
+
+    work = out_dir / "_work"
+    work.mkdir(parents=True, exist_ok=True)
+    raw = work / "raw.arrow"
+    rows = 0
+    with pa.OSFile(str(raw), "wb") as sink, pa.ipc.new_stream(sink, TEXT_SCHEMA) as writer:
+        for batch in batches:
+            if not isinstance(batch, pa.RecordBatch):
+                batch = pa.record_batch([pa.array(batch, type=pa.string())], schema=TEXT_SCHEMA)
+            if batch.num_rows:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+    ds = datasets.Dataset.from_file(str(raw))
+    ds.save_to_disk(str(out_dir), max_shard_size=max_shard_size)
+    del ds
+    shutil.rmtree(work)
+    return rows
+
+
+def open_text(path: Path | str):
+    """Open a text stage output (a Dataset or DatasetDict folder) with `datasets.load_from_disk`."""
+    import datasets
+
+    return datasets.load_from_disk(str(path))
+
+
+def text_batches(table: pa.Table, batch_size: int, start: int = 0, stop: int | None = None) -> Iterator[pa.RecordBatch]:
+    """Record batches of at most `batch_size` rows over rows [start, stop) of a memory-mapped table."""
+    stop = table.num_rows if stop is None else stop
+    for lo in range(start, stop, batch_size):
+        part = table.slice(lo, min(batch_size, stop - lo))
+        yield from part.to_batches()
+
+
+def open_split_table(dataset_dir: Path | str, split: str | None = None) -> pa.Table:
+    """Memory-map the Arrow shards of a `save_to_disk` folder (one split of a DatasetDict) as one table.
+
+    Reads `state.json` and the shards with pyarrow alone: worker processes open their row
+    ranges without importing `datasets` and without any text crossing a pipe.
+    """
+    import json
+
+    folder = Path(dataset_dir) / split if split else Path(dataset_dir)
+    state = json.loads((folder / "state.json").read_text())
+    tables = []
+    for entry in state["_data_files"]:
+        # Not closed here: the table's buffers point into the map, which lives as long as they do.
+        source = pa.memory_map(str(folder / entry["filename"]))
+        tables.append(pa.ipc.open_stream(source).read_all())
+    if not tables:
+        return TEXT_SCHEMA.empty_table()
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
