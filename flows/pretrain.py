@@ -1,0 +1,146 @@
+"""The `pretrain` Prefect flow: convert → filter → save → tokenizer → tokenize → pack.
+
+Each task is a thin wrapper around one `moai.pipeline.Pipeline` stage. A task's Prefect cache
+key is the stage's store key (plus the cache folder), so Prefect's cache and the disk agree: a
+rerun with the same inputs shows the data stages as Cached. Prefect's default policy would
+include the run id and never hit across runs, so the key function is set explicitly. When the
+published folder of a key has gone (someone cleaned the cache), the task runs with
+`refresh_cache` and rebuilds instead of returning a path that no longer exists.
+
+    python flows/pretrain.py            # the embedded `tiny` preset
+    python flows/pretrain.py CONFIG     # a YAML/JSON config file, or a preset name
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.context import TaskRunContext
+
+from moai.config import PipelineConfig, read_env, resolve_config
+from moai.hardware import detect, plan as make_plan
+from moai.pipeline import Pipeline, StageResult, summary
+from moai.presets import tiny
+
+
+def stage_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    root = str(Path(parameters["config"].cache_dir).resolve())
+    where = hashlib.sha256(root.encode()).hexdigest()[:12]
+    return f"moai-{context.task.name}-{parameters['key']}-{where}"
+
+
+CACHED = {"cache_key_fn": stage_cache_key, "persist_result": True}
+
+
+def _pipeline(config: PipelineConfig) -> Pipeline:
+    return Pipeline(config, progress=False)
+
+
+def _checked(result: StageResult, key: str) -> StageResult:
+    if result.key != key:  # the flow and the library must agree on keys, or caching lies
+        raise RuntimeError(f"{result.stage}: flow key {key} != store key {result.key}")
+    return result
+
+
+@task(name="fingerprint")
+def fingerprint_task(config: PipelineConfig) -> str:
+    return _pipeline(config).source_fingerprint()
+
+
+@task(name="convert", **CACHED)
+def convert_task(config: PipelineConfig, key: str, source_fp: str) -> StageResult:
+    return _checked(_pipeline(config).convert(source_fp), key)
+
+
+@task(name="filter", **CACHED)
+def filter_task(config: PipelineConfig, key: str, converted: StageResult) -> StageResult:
+    return _checked(_pipeline(config).filter(converted), key)
+
+
+@task(name="save", **CACHED)
+def save_task(config: PipelineConfig, key: str, filtered: StageResult) -> StageResult:
+    return _checked(_pipeline(config).save(filtered), key)
+
+
+@task(name="tokenizer", **CACHED)
+def tokenizer_task(config: PipelineConfig, key: str, saved: StageResult) -> StageResult:
+    return _checked(_pipeline(config).tokenizer(saved), key)
+
+
+@task(name="tokenize", **CACHED)
+def tokenize_task(config: PipelineConfig, key: str, saved: StageResult, tok: StageResult) -> StageResult:
+    return _checked(_pipeline(config).tokenize(saved, tok), key)
+
+
+@task(name="pack", **CACHED)
+def pack_task(config: PipelineConfig, key: str, tokens: StageResult) -> StageResult:
+    return _checked(_pipeline(config).pack(tokens), key)
+
+
+def _forward_moai_logs() -> None:
+    """Send the `moai` library's log records to this run's logs (what PREFECT_LOGGING_EXTRA_LOGGERS does)."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("moai")
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, APILogHandler) for h in logger.handlers):
+        logger.addHandler(APILogHandler())
+
+
+def _report_artifact(result: StageResult) -> None:
+    flat = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in result.report.items()
+            if k not in ("splits",)}
+    rows = [{"field": k, "value": str(v)} for k, v in flat.items()]
+    rows += [{"field": "output", "value": result.path}, {"field": "built now", "value": str(result.built)}]
+    create_table_artifact(rows, key=f"stage-{result.stage}", description=f"{result.stage} report: {result.path}")
+
+
+@flow(name="pretrain", log_prints=True)
+def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
+    """Prepare the data of `config` (train comes in a later stage)."""
+    _forward_moai_logs()
+    log = get_run_logger()
+    plan = make_plan(detect(config.cache_dir), config, read_env())
+    create_table_artifact(plan.rows(), key="hardware-plan", description=f"Hardware plan: {plan.hardware}")
+    pipe = Pipeline(config, plan=plan)
+
+    def run(task_fn, stage: str, key: str, *args) -> StageResult:
+        fresh = not pipe.is_published(stage, key)
+        result = task_fn.with_options(refresh_cache=fresh)(config, key, *args)
+        log.info("%s: %s", stage, result.path)
+        _report_artifact(result)
+        return result
+
+    results: dict[str, StageResult] = {}
+    source_fp = fingerprint_task(config)
+    results["convert"] = run(convert_task, "convert", pipe.key("convert", source_fp), source_fp)
+    results["filter"] = run(filter_task, "filter", pipe.key("filter", results["convert"].key), results["convert"])
+    results["save"] = run(save_task, "save", pipe.key("save", results["filter"].key), results["filter"])
+    tok_key = pipe.tokenizer_key(results["save"].key)
+    if config.tokenizer.train is None:
+        results["tokenizer"] = tokenizer_task(config, tok_key, results["save"])
+    else:
+        results["tokenizer"] = run(tokenizer_task, "tokenizer", tok_key, results["save"])
+    results["tokenize"] = run(tokenize_task, "tokenize", pipe.key("tokenize", results["save"].key, tok_key),
+                              results["save"], results["tokenizer"])
+    if config.pack.enabled:
+        results["pack"] = run(pack_task, "pack", pipe.key("pack", results["tokenize"].key), results["tokenize"])
+    out = summary(results)
+    create_markdown_artifact(
+        f"# moai data\n\n- token store: `{out['token_store']}`\n- sample index: `{out['sample_index']}`\n"
+        f"- documents: {out['num_documents']:,}\n- tokens: {out['num_tokens']:,}\n",
+        key="pretrain-summary",
+    )
+    return out
+
+
+if __name__ == "__main__":
+    cfg = resolve_config(sys.argv[1]) if len(sys.argv) > 1 else tiny()
+    print(json.dumps(pretrain(cfg)))
