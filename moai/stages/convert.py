@@ -170,7 +170,9 @@ def _arrow_batches(path: Path, kind: str, columns: list[str] | None):
         else:
             import pyarrow.csv as pcsv
 
-            reader = pcsv.open_csv(path)
+            # Declared string, so invalid UTF-8 fails here instead of arriving as binary.
+            types = {c: pa.string() for c in columns or []}
+            reader = pcsv.open_csv(path, convert_options=pcsv.ConvertOptions(column_types=types))
             _check_columns(path, reader.schema.names, columns)
             for batch in reader:
                 yield batch

@@ -1,0 +1,114 @@
+"""Shared fixtures: small real corpora and tokenizers made in the test session, never downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+WORDS = ["data", "model", "token", "pack", "train", "fast", "cache", "stage", "loss", "step"]
+KOREAN = ["모델", "데이터", "토큰", "학습", "한국어", "문서", "캐시", "빠르게"]
+CODE = ["def f(x):\n    return x * 2\n", "for i in range(3):\n    print(i)\n", "x = {'a': [1, 2]}\n"]
+EMOJI = ["🙂", "🚀", "👩‍💻", "🇰🇷"]
+
+
+def make_texts(n: int, seed: int = 0) -> list[str]:
+    """A mix of English-like words, Korean, code and emoji; a few are whitespace-only."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        r = rng.random()
+        if i % 97 == 5:
+            out.append("   \n ")
+        elif r < 0.4:
+            out.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 60))))
+        elif r < 0.7:
+            out.append(" ".join(rng.choice(KOREAN) for _ in range(rng.randint(3, 40))))
+        elif r < 0.9:
+            out.append("".join(rng.choice(CODE) for _ in range(rng.randint(1, 5))))
+        else:
+            out.append(" ".join(rng.choice(WORDS + EMOJI) for _ in range(rng.randint(1, 20))))
+    return out
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def train_bpe(folder: Path, texts: list[str], vocab_size: int = 600, bos: bool = False) -> Path:
+    """Train a byte-level BPE in-process and save it as a Hugging Face fast tokenizer folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<eos>", "<pad>"] + (["<bos>"] if bos else [])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    if bos:
+        bos_id = tok.token_to_id("<bos>")
+        tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos_id)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
+                                   bos_token="<bos>" if bos else None)
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    return train_bpe(tmp_path_factory.mktemp("tok"), make_texts(2000, seed=1))
+
+
+@pytest.fixture(scope="session")
+def bos_tokenizer_dir(tmp_path_factory) -> Path:
+    return train_bpe(tmp_path_factory.mktemp("tokbos"), make_texts(2000, seed=2), bos=True)
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    rows = [{"id": i, "text": t} for i, t in enumerate(make_texts(1500, seed=3))]
+    return write_jsonl(tmp_path / "data" / "corpus.jsonl", rows)
+
+
+def config_dict(tmp_path: Path, source_path: Path | str, tokenizer: dict, **extra) -> dict:
+    cfg = {
+        "cache_dir": str(tmp_path / "cache"),
+        "source": {"path": str(source_path), "text_field": "text"},
+        "tokenizer": tokenizer,
+        "pack": {"seq_len": 64},
+        "split": {"val_fraction": 0.05},
+    }
+    for section, values in extra.items():
+        if isinstance(values, dict):
+            cfg.setdefault(section, {}).update(values)
+        else:
+            cfg[section] = values
+    return cfg
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_offline(code: str, tmp_path: Path):
+    """Run Python code in a fresh process with the Hugging Face offline switches set before import."""
+    import subprocess
+
+    env = {**subprocess_env(), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    return subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=env, timeout=120)

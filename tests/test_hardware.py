@@ -1,0 +1,60 @@
+import pytest
+
+from moai.config import parse_config
+from moai.hardware import Hardware, detect, plan
+
+
+def cfg(**extra):
+    data = {"source": {"path": "x"}, "tokenizer": {"path": "t"}}
+    data.update(extra)
+    return parse_config(data)
+
+
+def hw(cores=2, mem=16.0, gpus=()):
+    return Hardware(cores=cores, mem_available_gb=mem, disk_type="ssd", disk_free_gb=100.0, gpus=gpus)
+
+
+@pytest.mark.parametrize("cores, mem, procs, threads", [
+    (1, 8.0, 1, 1),
+    (2, 16.0, 1, 2),
+    (4, 16.0, 1, 4),
+    (16, 128.0, 8, 2),
+    (64, 512.0, 32, 2),
+    (16, 1.0, 1, 16),     # memory budget 0.5 GB caps the workers
+    (16, 2.0, 2, 8),
+])
+def test_processes_and_threads(cores, mem, procs, threads):
+    p = plan(hw(cores, mem), cfg())
+    assert (p.num_proc.value, p.threads_per_proc.value) == (procs, threads)
+    assert p.num_proc.reason and p.threads_per_proc.reason
+
+
+def test_config_beats_environment_beats_heuristic():
+    env = {"num_proc": 3, "batch_size": 77, "writer_batch_size": 99}
+    p = plan(hw(16, 64), cfg(), env)
+    assert (p.num_proc.value, p.batch_size.value, p.writer_batch_size.value) == (3, 77, 99)
+    assert "DATASET_NUM_PROC" in p.num_proc.reason
+    p = plan(hw(16, 64), cfg(tokenize={"num_proc": 5, "batch_size": 11}, resources={"writer_batch_size": 12}), env)
+    assert (p.num_proc.value, p.batch_size.value, p.writer_batch_size.value) == (5, 11, 12)
+    assert "config" in p.num_proc.reason
+
+
+def test_memory_mode_and_loader_workers():
+    assert plan(hw(2, 1.0), cfg()).memory_mode.value == "lean"
+    assert plan(hw(2, 16.0), cfg()).memory_mode.value == "stream"
+    assert plan(hw(16, 64, gpus=("H100",) * 8), cfg()).loader_workers.value == 1
+    assert plan(hw(16, 64, gpus=("H100",)), cfg()).loader_workers.value == 4
+    assert plan(hw(16, 64), cfg(resources={"loader_workers": 0})).loader_workers.value == 0
+
+
+def test_rows_cover_every_decision():
+    rows = plan(hw(), cfg()).rows()
+    assert [r["setting"] for r in rows] == ["num_proc", "threads_per_proc", "batch_size", "writer_batch_size",
+                                           "memory_mode", "loader_workers"]
+    assert all(r["reason"] for r in rows)
+
+
+def test_detect_reads_this_machine(tmp_path):
+    h = detect(tmp_path, with_gpus=False)
+    assert h.cores >= 1 and h.mem_available_gb > 0 and h.disk_free_gb > 0
+    assert h.disk_type in {"ssd", "hdd", "network", "unknown"}

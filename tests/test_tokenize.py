@@ -1,0 +1,102 @@
+"""Token ids equal `tokenizer(text)["input_ids"] + [eos]`; the store reproduces every document;
+1 and N workers write identical bytes."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import make_texts
+from moai.config import parse_config
+from moai.stages import tokenize as tk
+from moai.stages.save import save
+from moai.stages.tokenizer import describe, load_tokenizer
+from moai.textio import write_text_dataset
+from moai.tokens import TokenStore
+
+UNICODE_TEXT = st.text(
+    alphabet=st.one_of(
+        st.characters(codec="utf-8"),
+        st.sampled_from(list("한국어 데이터 토큰 def x(): return 1\n\t🙂🚀👩‍💻")),
+    ),
+    max_size=80,
+)
+
+
+@pytest.fixture(scope="module", params=["plain", "bos"])
+def tok(request, tokenizer_dir, bos_tokenizer_dir):
+    folder = tokenizer_dir if request.param == "plain" else bos_tokenizer_dir
+    t = load_tokenizer(str(folder))
+    return t, describe(t, str(folder), "fp")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(UNICODE_TEXT, min_size=1, max_size=12))
+def test_ids_equal_hf_tokenizer_plus_eos(tok, texts):
+    hf, info = tok
+    tk._init(info.backend_json, None)
+    try:
+        flat, lengths = tk.encode_documents(texts, info.eos_id, tk.token_dtype(info.vocab_size))
+    finally:
+        tk._state.clear()
+    ends = np.cumsum(lengths)
+    for text, end, n in zip(texts, ends, lengths):
+        assert flat[end - n : end].tolist() == hf(text)["input_ids"] + [info.eos_id]
+
+
+def saved_text(tmp_path: Path, texts: list[str], val_fraction=0.1) -> Path:
+    text_dir = tmp_path / "text"
+    text_dir.mkdir()
+    write_text_dataset([texts], text_dir, "1MB")
+    out = tmp_path / "saved"
+    out.mkdir()
+    cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"}, "split": {"val_fraction": val_fraction}})
+    save(cfg.split, text_dir, out, max_shard_size="64KB")
+    return out
+
+
+def run_tokenize(saved: Path, out: Path, info, num_proc: int) -> dict:
+    out.mkdir()
+    return tk.tokenize(info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=97, progress=False)
+
+
+def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, tok, monkeypatch):
+    monkeypatch.setattr(tk, "MIN_PART_ROWS", 500)  # several parts from a small corpus
+    hf, info = tok
+    texts = [t for t in make_texts(2600, seed=7) if t.strip()]
+    saved = saved_text(tmp_path, texts)
+    one = run_tokenize(saved, tmp_path / "one", info, 1)
+    two = run_tokenize(saved, tmp_path / "two", info, 2)
+    assert one["tokens"] == two["tokens"] and two["processes"] == 2
+
+    import datasets
+
+    splits = datasets.load_from_disk(str(saved))
+    store = TokenStore(tmp_path / "one")
+    assert store.dtype == np.dtype("<u2")
+    for name in ("train", "validation"):
+        split = store.split(name)
+        assert split.num_documents == splits[name].num_rows
+        assert len(split.parts) > 1 or name == "validation"
+        for i, text in enumerate(splits[name]["text"]):
+            assert split.document(i).tolist() == hf(text)["input_ids"] + [info.eos_id]
+        assert split.doc_offsets[-1] == split.num_tokens
+
+    files = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "two") for p in (tmp_path / "two").rglob("*") if p.is_file())
+    for f in files:
+        assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
+
+
+def test_part_ranges_cover_rows_and_ignore_workers():
+    for n in [0, 1, 999, 1000, 1001, 64_000, 1_000_003]:
+        ranges = tk.part_ranges(n)
+        assert sum(b - a for a, b in ranges) == n
+        assert all(a == b_prev for (a, _), (_, b_prev) in zip(ranges[1:], ranges[:-1]))
+        assert len(ranges) <= tk.TARGET_PARTS
+
+
+def test_large_vocab_uses_uint32():
+    assert tk.token_dtype(65536) == np.dtype("<u2")
+    assert tk.token_dtype(65537) == np.dtype("<u4")

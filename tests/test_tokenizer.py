@@ -1,0 +1,47 @@
+import json
+import logging
+
+import pytest
+
+from conftest import train_bpe, make_texts
+from moai.errors import TokenizerError
+from moai.stages.tokenizer import describe, load_tokenizer
+
+
+def test_folder_without_tokenizer_json(tmp_path):
+    (tmp_path / "vocab.json").write_text("{}")
+    with pytest.raises(TokenizerError, match=r"has no tokenizer\.json \(files: \['vocab\.json'\]\)"):
+        load_tokenizer(str(tmp_path))
+    with pytest.raises(TokenizerError, match="is a file"):
+        load_tokenizer(str(tmp_path / "vocab.json"))
+
+
+def test_missing_eos_is_refused(tmp_path):
+    folder = train_bpe(tmp_path / "t", make_texts(200), vocab_size=300)
+    cfg_file = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["eos_token"] = None
+    cfg_file.write_text(json.dumps(cfg))
+    tok = load_tokenizer(str(folder))
+    with pytest.raises(TokenizerError, match="has no EOS token"):
+        describe(tok, str(folder), "fp")
+
+
+def test_pad_missing_or_equal_to_eos_warns(tmp_path, caplog):
+    folder = train_bpe(tmp_path / "t", make_texts(200), vocab_size=300)
+    tok = load_tokenizer(str(folder))
+    tok.pad_token = None
+    with caplog.at_level(logging.WARNING):
+        info = describe(tok, "x", "fp")
+    assert info.pad_id is None and any("no PAD" in w for w in info.warnings)
+    tok.pad_token = tok.eos_token
+    info = describe(tok, "x", "fp")
+    assert any("PAD is EOS" in w for w in info.warnings)
+
+
+def test_unreachable_hub_tokenizer_is_a_clear_error(tmp_path):
+    from conftest import run_offline
+
+    out = run_offline("from moai.stages.tokenizer import load_tokenizer\nload_tokenizer('nobody/no-such-tokenizer-xyz')", tmp_path)
+    assert out.returncode != 0
+    assert "TokenizerError: cannot load tokenizer 'nobody/no-such-tokenizer-xyz'" in out.stderr
