@@ -134,7 +134,7 @@ class Pipeline:
         p = self.plan
         return self._run("tokenize", key, [saved.key, tok.key], lambda out: tokenize_mod.tokenize(
             info, Path(saved.path), out, num_proc=p.num_proc.value, threads_per_proc=p.threads_per_proc.value,
-            batch_size=p.batch_size.value, progress=self.progress))
+            batch_size=p.batch_size.value, engine=self.config.tokenize.engine, progress=self.progress))
 
     def pack(self, tokens: StageResult) -> StageResult:
         key = self.key("pack", tokens.key)

@@ -1,6 +1,7 @@
 """Token ids equal `tokenizer(text)["input_ids"] + [eos]`; the store reproduces every document;
 1 and N workers write identical bytes."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from moai.stages import tokenize as tk
 from moai.stages.save import save
 from moai.stages.tokenizer import describe, load_tokenizer
 from moai.textio import write_text_dataset
+from moai.tiktoken_bpe import spec_from_tokenizer_json
 from moai.tokens import TokenStore
 
 UNICODE_TEXT = st.text(
@@ -31,11 +33,21 @@ def tok(request, tokenizer_dir, bos_tokenizer_dir):
     return t, describe(t, str(folder), "fp")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(texts=st.lists(UNICODE_TEXT, min_size=1, max_size=12))
-def test_ids_equal_hf_tokenizer_plus_eos(tok, texts):
+@pytest.fixture(scope="module", params=["tokenizers", "tiktoken"])
+def engine(request, tok):
     hf, info = tok
-    tk._init(info.backend_json, None)
+    if request.param == "tokenizers":
+        return None
+    spec = spec_from_tokenizer_json(info.backend_json)
+    assert spec.prefix == ((hf.bos_token_id,) if hf.bos_token_id is not None else ())
+    return spec
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(UNICODE_TEXT | st.sampled_from(["<eos>", "a<pad>b", " <bos> x"]), min_size=1, max_size=12))
+def test_ids_equal_hf_tokenizer_plus_eos(tok, engine, texts):
+    hf, info = tok
+    tk._init(info.backend_json, None, engine, 2)
     try:
         flat, lengths = tk.encode_documents(texts, info.eos_id, tk.token_dtype(info.vocab_size))
     finally:
@@ -56,19 +68,22 @@ def saved_text(tmp_path: Path, texts: list[str], val_fraction=0.1) -> Path:
     return out
 
 
-def run_tokenize(saved: Path, out: Path, info, num_proc: int) -> dict:
+def run_tokenize(saved: Path, out: Path, info, num_proc: int, engine: str) -> dict:
     out.mkdir()
-    return tk.tokenize(info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=97, progress=False)
+    return tk.tokenize(info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=97, engine=engine,
+                       progress=False)
 
 
-def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, tok, monkeypatch):
+@pytest.mark.parametrize("engine", ["tokenizers", "auto"])
+def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, tok, monkeypatch, engine):
     monkeypatch.setattr(tk, "MIN_PART_ROWS", 500)  # several parts from a small corpus
     hf, info = tok
     texts = [t for t in make_texts(2600, seed=7) if t.strip()]
     saved = saved_text(tmp_path, texts)
-    one = run_tokenize(saved, tmp_path / "one", info, 1)
-    two = run_tokenize(saved, tmp_path / "two", info, 2)
+    one = run_tokenize(saved, tmp_path / "one", info, 1, engine)
+    two = run_tokenize(saved, tmp_path / "two", info, 2, engine)
     assert one["tokens"] == two["tokens"] and two["processes"] == 2
+    assert one["engine"] == two["engine"] == ("tiktoken" if engine == "auto" else "tokenizers")
 
     import datasets
 
@@ -100,3 +115,30 @@ def test_part_ranges_cover_rows_and_ignore_workers():
 def test_large_vocab_uses_uint32():
     assert tk.token_dtype(65536) == np.dtype("<u2")
     assert tk.token_dtype(65537) == np.dtype("<u4")
+
+
+def test_engine_falls_back_with_the_reason(tok):
+    import json
+
+    hf, info = tok
+    data = json.loads(info.backend_json)
+    data["normalizer"] = {"type": "NFKC"}
+    normalized = dataclasses.replace(info, backend_json=json.dumps(data))
+    spec, reason = tk.choose_engine("auto", normalized, ["some text"], 1)
+    assert spec is None and "normalizer NFKC" in reason and "using tokenizers" in reason
+
+    spec, reason = tk.choose_engine("tokenizers", info, ["x"], 1)
+    assert spec is None and "tokenize.engine is tokenizers" in reason
+    spec, reason = tk.choose_engine("auto", info, make_texts(50), 1)
+    assert spec is not None and "matches tokenizers on all 50" in reason
+
+
+def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
+    hf, info = tok
+    from moai import tiktoken_bpe
+
+    original = tiktoken_bpe.TiktokenEncoder.encode_batch
+    monkeypatch.setattr(tiktoken_bpe.TiktokenEncoder, "encode_batch",
+                        lambda self, texts: [ids[:-1] for ids in original(self, texts)])
+    spec, reason = tk.choose_engine("auto", info, ["hello world"], 1)
+    assert spec is None and "differ" in reason and "sample document 0" in reason

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from moai.stages.tokenizer import TokenizerInfo
+from moai.tiktoken_bpe import NotExpressible, TiktokenEncoder, TiktokenSpec, first_mismatch, spec_from_tokenizer_json
 from moai.textio import open_split_table, text_batches
 from moai.tokens import STORE_FORMAT
 
@@ -42,6 +43,36 @@ VERSION = 1
 SPLITS = ("train", "validation")
 TARGET_PARTS = 64  # parts per split: enough to keep 64 workers busy, few files for small data
 MIN_PART_ROWS = 1000
+VERIFY_DOCUMENTS = 2000  # documents of the corpus on which tiktoken must match tokenizers exactly
+
+
+def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], threads: int) -> tuple[TiktokenSpec | None, str]:
+    """(tiktoken spec or None for tokenizers, reason). tiktoken only when it is exact on `sample`."""
+    if requested == "tokenizers":
+        return None, "tokenize.engine is tokenizers"
+    try:
+        spec = spec_from_tokenizer_json(info.backend_json)
+    except NotExpressible as err:
+        reason = f"tiktoken cannot express this tokenizer ({err}); using tokenizers"
+        log.log(logging.WARNING if requested == "tiktoken" else logging.INFO, reason)
+        return None, reason
+    bad = first_mismatch(TiktokenEncoder(spec, threads), info.backend_json, sample)
+    if bad is not None:
+        reason = f"tiktoken ids differ from tokenizers on sample document {bad} ({sample[bad][:60]!r}); using tokenizers"
+        log.warning(reason)
+        return None, reason
+    reason = f"tiktoken matches tokenizers on all {len(sample)} sampled documents"
+    log.info(reason)
+    return spec, reason
+
+
+def _sample_texts(text_dir: Path, n: int) -> list[str]:
+    """Up to n documents spread evenly over the train split."""
+    table = open_split_table(text_dir, "train")
+    if table.num_rows == 0:
+        return []
+    rows = np.unique(np.linspace(0, table.num_rows - 1, num=min(n, table.num_rows)).astype(np.int64))
+    return table.column(0).take(rows).fill_null("").to_pylist()
 
 
 def part_ranges(num_rows: int) -> list[tuple[int, int]]:
@@ -69,24 +100,28 @@ class PartJob:
     batch_size: int
 
 
-# Per-process state: the tokenizer and opened tables. Set by `_init` in a worker, or in the main process.
+# Per-process state: the encoder and opened tables. Set by `_init` in a worker, or in the main process.
 _state: dict[str, Any] = {}
 
 
-def _init(backend_json: str, rayon_threads: int | None) -> None:
+def _init(backend_json: str, rayon_threads: int | None, spec: TiktokenSpec | None = None, threads: int = 1) -> None:
+    """Set up this process's encoder: tiktoken when given its spec, else tokenizers."""
     if rayon_threads is not None:
         # Read by Rayon when its pool first starts, which is after this in a fresh worker.
         os.environ["RAYON_NUM_THREADS"] = str(rayon_threads)
-    from tokenizers import Tokenizer
+    if spec is not None:
+        _state["encode"] = TiktokenEncoder(spec, threads).encode_batch
+    else:
+        from tokenizers import Tokenizer
 
-    _state["tokenizer"] = Tokenizer.from_str(backend_json)
+        tok = Tokenizer.from_str(backend_json)
+        _state["encode"] = lambda texts: [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
     _state["tables"] = {}
 
 
 def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Encode texts with the process's tokenizer: (flat ids with EOS after each, document lengths)."""
-    encodings = _state["tokenizer"].encode_batch_fast(texts, add_special_tokens=True)
-    ids = [e.ids for e in encodings]
+    """Encode texts with the process's encoder: (flat ids with EOS after each, document lengths)."""
+    ids = _state["encode"](texts)
     lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
     ends = np.cumsum(lengths)
     flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
@@ -137,11 +172,16 @@ def tokenize(
     num_proc: int,
     threads_per_proc: int,
     batch_size: int,
+    engine: str = "auto",
     progress: bool = True,
 ) -> dict[str, Any]:
     """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`."""
     from tqdm.auto import tqdm
 
+    log.info("tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
+             info.name_or_path, info.vocab_size, info.eos_id)
+    # Choosing the engine encodes a sample with both: it doubles as the warm-up before timing.
+    spec, engine_reason = choose_engine(engine, info, _sample_texts(text_dir, VERIFY_DOCUMENTS), threads_per_proc)
     started = time.perf_counter()
     dtype = token_dtype(info.vocab_size)
     jobs: list[PartJob] = []
@@ -166,13 +206,13 @@ def tokenize(
     results: list[dict[str, int]] = []
     try:
         if num_proc == 1:
-            _init(info.backend_json, None)
+            _init(info.backend_json, None, spec, threads_per_proc)
             for job in jobs:
                 results.append(_encode_part(job, on_batch=advance))
         else:
             ctx = get_context("spawn")
             with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init,
-                                     initargs=(info.backend_json, threads_per_proc)) as pool:
+                                     initargs=(info.backend_json, threads_per_proc, spec, threads_per_proc)) as pool:
                 futures = {pool.submit(_encode_part, job): job for job in jobs}
                 for fut in as_completed(futures):
                     r = fut.result()
@@ -211,9 +251,10 @@ def tokenize(
         "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
         "seconds": round(seconds, 3),
         "tokens_per_s": round(num_tokens / seconds, 1) if seconds > 0 else None,
-        "engine": "tokenizers",
+        "engine": "tiktoken" if spec is not None else "tokenizers",
+        "engine_reason": engine_reason,
         "processes": num_proc,
-        "threads_per_process": threads_per_proc if num_proc > 1 else "rayon default",
+        "threads_per_process": threads_per_proc,
         "dtype": dtype.name,
         "peak_rss_mb": own_mb,
         "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
