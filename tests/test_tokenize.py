@@ -76,7 +76,7 @@ def run_tokenize(saved: Path, out: Path, info, num_proc: int, engine: str) -> di
 
 @pytest.mark.parametrize("engine", ["tokenizers", "auto"])
 def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, tok, monkeypatch, engine):
-    monkeypatch.setattr(tk, "MIN_PART_ROWS", 500)  # several parts from a small corpus
+    monkeypatch.setattr(tk, "PART_MIN_BYTES", 20_000)  # several parts from a small corpus
     hf, info = tok
     texts = [t for t in make_texts(2600, seed=7) if t.strip()]
     saved = saved_text(tmp_path, texts)
@@ -104,12 +104,15 @@ def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, t
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
 
 
-def test_part_ranges_cover_rows_and_ignore_workers():
-    for n in [0, 1, 999, 1000, 1001, 64_000, 1_000_003]:
-        ranges = tk.part_ranges(n)
-        assert sum(b - a for a, b in ranges) == n
-        assert all(a == b_prev for (a, _), (_, b_prev) in zip(ranges[1:], ranges[:-1]))
-        assert len(ranges) <= tk.TARGET_PARTS
+@given(sizes=st.lists(st.integers(0, 5_000_000), max_size=300))
+def test_part_ranges_cover_rows_in_order(sizes):
+    ranges = tk.part_ranges(np.array(sizes, dtype=np.int64))
+    assert sum(b - a for a, b in ranges) == len(sizes)
+    assert all(a < b for a, b in ranges)
+    assert all(a == b_prev for (a, _), (_, b_prev) in zip(ranges[1:], ranges[:-1]))
+    assert len(ranges) <= tk.MAX_PARTS
+    if sum(sizes) >= 2 * tk.PART_MIN_BYTES and max(sizes) <= sum(sizes) // 4:
+        assert len(ranges) >= 2
 
 
 def test_large_vocab_uses_uint32():

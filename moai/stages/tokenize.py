@@ -34,16 +34,18 @@ import numpy as np
 
 from moai.stages.tokenizer import TokenizerInfo
 from moai.tiktoken_bpe import NotExpressible, TiktokenEncoder, TiktokenSpec, first_mismatch, spec_from_tokenizer_json
-from moai.textio import open_split_table, text_batches
+from moai.textio import MappedTable, open_split_table, text_batches
 from moai.tokens import STORE_FORMAT
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
 SPLITS = ("train", "validation")
-TARGET_PARTS = 64  # parts per split: enough to keep 64 workers busy, few files for small data
-MIN_PART_ROWS = 1000
-VERIFY_DOCUMENTS = 2000  # documents of the corpus on which tiktoken must match tokenizers exactly
+MAX_PARTS = 64  # parts per split: enough to keep 64 workers busy
+PART_MIN_BYTES = 1 << 20  # few files for small data
+# tiktoken must match tokenizers exactly on up to this many documents / bytes spread over the corpus
+VERIFY_DOCUMENTS = 2000
+VERIFY_BYTES = 2 << 20
 
 
 def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], threads: int) -> tuple[TiktokenSpec | None, str]:
@@ -66,21 +68,42 @@ def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], thread
     return spec, reason
 
 
-def _sample_texts(text_dir: Path, n: int) -> list[str]:
-    """Up to n documents spread evenly over the train split."""
+def _sample_texts(text_dir: Path, n: int, max_bytes: int) -> list[str]:
+    """Up to n documents (and about max_bytes of text) spread evenly over the train split."""
     table = open_split_table(text_dir, "train")
     if table.num_rows == 0:
         return []
-    rows = np.unique(np.linspace(0, table.num_rows - 1, num=min(n, table.num_rows)).astype(np.int64))
+    sizes = _text_bytes(table)
+    mean = max(1.0, float(sizes.mean()))
+    n = max(1, min(n, table.num_rows, int(max_bytes / mean)))
+    rows = np.unique(np.linspace(0, table.num_rows - 1, num=n).astype(np.int64))
     return table.column(0).take(rows).fill_null("").to_pylist()
 
 
-def part_ranges(num_rows: int) -> list[tuple[int, int]]:
-    """Row ranges of a split's parts: a function of the row count alone (not of the worker count)."""
-    if num_rows == 0:
+def part_ranges(text_bytes: np.ndarray) -> list[tuple[int, int]]:
+    """Row ranges of a split's parts, cut at equal shares of text bytes.
+
+    A function of the data alone (not of the worker count), so the files come out the same for any
+    number of workers. Parts hold at least PART_MIN_BYTES of text, and there are at most MAX_PARTS.
+    """
+    rows = len(text_bytes)
+    if rows == 0:
         return []
-    size = max(MIN_PART_ROWS, math.ceil(num_rows / TARGET_PARTS))
-    return [(lo, min(lo + size, num_rows)) for lo in range(0, num_rows, size)]
+    cum = np.cumsum(text_bytes, dtype=np.int64)
+    total = int(cum[-1])
+    parts = int(min(MAX_PARTS, rows, max(1, total // PART_MIN_BYTES)))
+    # cut after the row holding each 1/parts share of the bytes
+    cuts = np.minimum(np.searchsorted(cum, (np.arange(1, parts) * total) // parts, side="left") + 1, rows)
+    bounds = np.unique(np.concatenate([[0], cuts, [rows]]))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _text_bytes(table) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pc.binary_length(table.column(0)).fill_null(0).to_numpy().astype(np.int64)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -133,29 +156,86 @@ def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np
     return flat, lengths
 
 
-def _encode_part(job: PartJob, on_batch=None) -> dict[str, int]:
+def _encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
+    """Encode and write parts in order, as one pipelined stream of batches (no bubble between parts)."""
     tables = _state["tables"]
-    key = (job.text_dir, job.split)
-    if key not in tables:
-        tables[key] = open_split_table(job.text_dir, job.split)
-    table = tables[key]
-    out = Path(job.out_dir) / job.split
-    stem = f"part-{job.index:05d}"
-    dtype = np.dtype(job.dtype)
-    num_tokens = 0
-    num_docs = 0
-    with open(out / f"{stem}.bin", "wb") as fbin, open(out / f"{stem}.idx", "wb") as fidx:
-        for batch in text_batches(table, job.batch_size, job.start, job.stop):
-            texts = batch.column(0).fill_null("").to_pylist()
-            flat, lengths = encode_documents(texts, job.eos_id, dtype)
-            fbin.write(flat.tobytes())
-            fidx.write((np.cumsum(lengths) + num_tokens).astype("<i8").tobytes())
-            num_tokens += len(flat)
-            num_docs += len(texts)
+
+    def batches():
+        """Lists of (job, texts) pieces of about batch_size documents together, across part edges."""
+        group, size = [], 0
+        for job in jobs:
+            key = (job.text_dir, job.split)
+            if key not in tables:
+                tables[key] = MappedTable(job.text_dir, job.split)
+            for b in text_batches(tables[key].table, job.batch_size, job.start, job.stop):
+                group.append((job, b.column(0).fill_null("").to_pylist()))
+                size += b.num_rows
+                if size >= job.batch_size:
+                    yield group
+                    group, size = [], 0
+        if group:
+            yield group
+
+    def encode(group):
+        """Encode a group in one call, then cut the ids back into its pieces."""
+        texts = [t for _, piece in group for t in piece]
+        flat, lengths = encode_documents(texts, group[0][0].eos_id, np.dtype(group[0][0].dtype))
+        out, doc, tok = [], 0, 0
+        for job, piece in group:
+            n = len(piece)
+            ntok = int(lengths[doc : doc + n].sum())
+            out.append((job, (flat[tok : tok + ntok], lengths[doc : doc + n])))
+            doc, tok = doc + n, tok + ntok
+        return out
+
+    results: list[dict[str, int]] = []
+    current = None
+    files = None
+    try:
+        # One batch ahead: the encoder (which releases the GIL) works on batch k+1 while this
+        # thread converts and writes batch k, so cores do not idle at each batch's tail.
+        for job, (flat, lengths) in (piece for group in _pipelined(batches(), encode) for piece in group):
+            if job is not current:
+                if files:
+                    files[0].close(), files[1].close()
+                current = job
+                stem = Path(job.out_dir) / job.split / f"part-{job.index:05d}"
+                files = (open(f"{stem}.bin", "wb"), open(f"{stem}.idx", "wb"))
+                results.append({"index": job.index, "split": job.split, "num_documents": 0, "num_tokens": 0,
+                                "bin": f"{job.split}/{stem.name}.bin", "idx": f"{job.split}/{stem.name}.idx"})
+            r = results[-1]
+            files[0].write(flat.tobytes())
+            files[1].write((np.cumsum(lengths) + r["num_tokens"]).astype("<i8").tobytes())
+            r["num_tokens"] += len(flat)
+            r["num_documents"] += len(lengths)
             if on_batch is not None:
-                on_batch(len(texts), len(flat))
-    return {"index": job.index, "split": job.split, "num_documents": num_docs, "num_tokens": num_tokens,
-            "bin": f"{job.split}/{stem}.bin", "idx": f"{job.split}/{stem}.idx"}
+                on_batch(len(lengths), len(flat))
+            for t in tables.values():
+                t.release()  # text already read: keep resident memory flat over the corpus
+    finally:
+        if files:
+            files[0].close(), files[1].close()
+    return results
+
+
+def _encode_part(job: PartJob) -> dict[str, int]:
+    """One part, in a worker process."""
+    return _encode_parts([job])[0]
+
+
+def _pipelined(items, fn):
+    """Yield fn(item) for each item, computing the next one in a helper thread meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as ex:
+        pending = None
+        for item in items:
+            nxt = ex.submit(fn, item)
+            if pending is not None:
+                yield pending.result()
+            pending = nxt
+        if pending is not None:
+            yield pending.result()
 
 
 def _peak_rss_mb() -> tuple[float, float]:
@@ -181,14 +261,14 @@ def tokenize(
     log.info("tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
              info.name_or_path, info.vocab_size, info.eos_id)
     # Choosing the engine encodes a sample with both: it doubles as the warm-up before timing.
-    spec, engine_reason = choose_engine(engine, info, _sample_texts(text_dir, VERIFY_DOCUMENTS), threads_per_proc)
+    spec, engine_reason = choose_engine(engine, info, _sample_texts(text_dir, VERIFY_DOCUMENTS, VERIFY_BYTES), threads_per_proc)
     started = time.perf_counter()
     dtype = token_dtype(info.vocab_size)
     jobs: list[PartJob] = []
     for split in SPLITS:
-        rows = open_split_table(text_dir, split).num_rows
+        sizes = _text_bytes(open_split_table(text_dir, split))
         (out_dir / split).mkdir(parents=True, exist_ok=True)
-        for i, (lo, hi) in enumerate(part_ranges(rows)):
+        for i, (lo, hi) in enumerate(part_ranges(sizes)):
             jobs.append(PartJob(str(text_dir), split, i, lo, hi, str(out_dir), dtype.str, info.eos_id, batch_size))
     total_docs = sum(j.stop - j.start for j in jobs)
     num_proc = max(1, min(num_proc, len(jobs)))
@@ -207,8 +287,7 @@ def tokenize(
     try:
         if num_proc == 1:
             _init(info.backend_json, None, spec, threads_per_proc)
-            for job in jobs:
-                results.append(_encode_part(job, on_batch=advance))
+            results = _encode_parts(jobs, on_batch=advance)
         else:
             ctx = get_context("spawn")
             with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init,

@@ -111,31 +111,32 @@ def tokenizer_fingerprint(cfg: TokenizerConfig) -> str:
     return "hub:" + cfg.path + ":" + hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:32]
 
 
-def train_tokenizer(cfg: TokenizerTrainConfig, text_dir: Path, out_dir: Path, *, batch_size: int = 1000) -> dict[str, Any]:
-    """Train a byte-level BPE of `vocab_size` on the train split and save it in Hugging Face format."""
+def build_bpe(texts, vocab_size: int, min_frequency: int = 2, length: int | None = None):
+    """Train a byte-level BPE (GPT-2 style split, EOS and PAD specials) on an iterator of text batches."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    started = time.perf_counter()
-    table = open_text(text_dir)["train"].data.table
-    limit = min(table.num_rows, cfg.max_documents or table.num_rows)
-
-    def texts():
-        for batch in text_batches(table, batch_size, 0, limit):
-            yield batch.column(0).to_pylist()
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size,
-        min_frequency=cfg.min_frequency,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
         special_tokens=[EOS, PAD],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts(), trainer=trainer, length=limit)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, unk_token=None)
+    tok.train_from_iterator(texts, trainer=trainer, length=length)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, unk_token=None)
+
+
+def train_tokenizer(cfg: TokenizerTrainConfig, text_dir: Path, out_dir: Path, *, batch_size: int = 1000) -> dict[str, Any]:
+    """Train a byte-level BPE of `vocab_size` on the train split and save it in Hugging Face format."""
+    started = time.perf_counter()
+    table = open_text(text_dir)["train"].data.table
+    limit = min(table.num_rows, cfg.max_documents or table.num_rows)
+    texts = (batch.column(0).to_pylist() for batch in text_batches(table, batch_size, 0, limit))
+    fast = build_bpe(texts, cfg.vocab_size, cfg.min_frequency, length=limit)
     fast.save_pretrained(str(out_dir))
     return {
         "documents": limit,

@@ -1,0 +1,71 @@
+"""Build a benchmark corpus from text already on this machine, and a tokenizer trained on it.
+
+Real text, no download: source code (.py, .c, .h, .js) and prose (.md, .rst, .txt) found under
+the given roots (default: this Python's installation and /usr/share), one document per file, in
+sorted order, written as JSONL until --mb megabytes of text. --repeat N writes the same documents
+N times (a 4× corpus for the memory check).
+
+    python benchmarks/make_corpus.py --out bench/corpus.jsonl --mb 50 --tokenizer-out bench/tok
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EXTENSIONS = {".py", ".c", ".h", ".js", ".md", ".rst", ".txt"}
+
+
+def documents(roots: list[Path]):
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                if path.suffix not in EXTENSIONS or path.is_symlink():
+                    continue
+                try:
+                    if not 64 <= path.stat().st_size <= 1 << 20:
+                        continue
+                    yield path.read_bytes().decode("utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--mb", type=float, default=50.0, help="megabytes of text (UTF-8) before --repeat")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--roots", nargs="*", type=Path, default=[Path(sys.prefix), Path(sys.base_prefix), Path("/usr/share")])
+    parser.add_argument("--tokenizer-out", type=Path, help="also train a byte-level BPE on the corpus, saved here")
+    parser.add_argument("--vocab-size", type=int, default=32000)
+    args = parser.parse_args()
+
+    budget = int(args.mb * 1e6)
+    docs, size = [], 0
+    for text in documents(args.roots):
+        docs.append(text)
+        size += len(text.encode())
+        if size >= budget:
+            break
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        for _ in range(args.repeat):
+            for text in docs:
+                f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    print(f"{args.out}: {len(docs) * args.repeat} documents, {size * args.repeat / 1e6:.1f} MB of text", file=sys.stderr)
+
+    if args.tokenizer_out:
+        from moai.stages.tokenizer import build_bpe
+
+        batches = (docs[i : i + 1000] for i in range(0, len(docs), 1000))
+        build_bpe(batches, args.vocab_size, length=len(docs)).save_pretrained(str(args.tokenizer_out))
+        print(f"{args.tokenizer_out}: byte-level BPE, vocab {args.vocab_size}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
