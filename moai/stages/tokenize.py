@@ -46,6 +46,7 @@ PART_MIN_BYTES = 1 << 20  # few files for small data
 # tiktoken must match tokenizers exactly on up to this many documents / bytes spread over the corpus
 VERIFY_DOCUMENTS = 2000
 VERIFY_BYTES = 2 << 20
+BATCH_MAX_BYTES = 4 << 20  # text per encode call, whatever the document count
 
 
 def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], threads: int) -> tuple[TiktokenSpec | None, str]:
@@ -161,18 +162,27 @@ def _encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
     tables = _state["tables"]
 
     def batches():
-        """Lists of (job, texts) pieces of about batch_size documents together, across part edges."""
-        group, size = [], 0
+        """Lists of (job, texts) pieces across part edges, of at most batch_size documents and
+        about BATCH_MAX_BYTES of text together: memory per batch is bounded for any document size."""
+        group, docs, size = [], 0, 0
         for job in jobs:
             key = (job.text_dir, job.split)
             if key not in tables:
                 tables[key] = MappedTable(job.text_dir, job.split)
-            for b in text_batches(tables[key].table, job.batch_size, job.start, job.stop):
-                group.append((job, b.column(0).fill_null("").to_pylist()))
-                size += b.num_rows
-                if size >= job.batch_size:
+            table = tables[key].table
+            cum = np.cumsum(_text_bytes(table.slice(job.start, job.stop - job.start)))
+            lo = 0
+            while lo < len(cum):
+                before = int(cum[lo - 1]) if lo else 0
+                by_bytes = int(np.searchsorted(cum, before + BATCH_MAX_BYTES - size, side="left")) + 1
+                hi = min(len(cum), lo + job.batch_size - docs, max(by_bytes, lo + 1))
+                texts = table.slice(job.start + lo, hi - lo).column(0).fill_null("").to_pylist()
+                group.append((job, texts))
+                docs, size = docs + (hi - lo), size + int(cum[hi - 1]) - before
+                lo = hi
+                if docs >= job.batch_size or size >= BATCH_MAX_BYTES:
                     yield group
-                    group, size = [], 0
+                    group, docs, size = [], 0, 0
         if group:
             yield group
 
@@ -192,8 +202,6 @@ def _encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
     current = None
     files = None
     try:
-        # One batch ahead: the encoder (which releases the GIL) works on batch k+1 while this
-        # thread converts and writes batch k, so cores do not idle at each batch's tail.
         for job, (flat, lengths) in (piece for group in _pipelined(batches(), encode) for piece in group):
             if job is not current:
                 if files:
@@ -223,19 +231,23 @@ def _encode_part(job: PartJob) -> dict[str, int]:
     return _encode_parts([job])[0]
 
 
-def _pipelined(items, fn):
-    """Yield fn(item) for each item, computing the next one in a helper thread meanwhile."""
+def _pipelined(items, fn, ahead: int = 2):
+    """Yield fn(item) for each item in order, with `ahead` calls running in helper threads.
+
+    The encoders release the GIL, so two batches in flight keep every core busy through the tail
+    of each batch (the longest documents) while this thread converts and writes.
+    """
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(1) as ex:
-        pending = None
+    with ThreadPoolExecutor(ahead) as ex:
+        pending: deque = deque()
         for item in items:
-            nxt = ex.submit(fn, item)
-            if pending is not None:
-                yield pending.result()
-            pending = nxt
-        if pending is not None:
-            yield pending.result()
+            pending.append(ex.submit(fn, item))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _peak_rss_mb() -> tuple[float, float]:
