@@ -1,4 +1,4 @@
-"""The `pretrain` Prefect flow: convert → filter → save → tokenizer → tokenize → pack.
+"""The `pretrain` Prefect flow: convert → filter → save → tokenizer → tokenize → pack → train.
 
 Each task is a thin wrapper around one `moai.pipeline.Pipeline` stage. A task's Prefect cache
 key is the stage's store key (plus the cache folder), so Prefect's cache and the disk agree: a
@@ -26,7 +26,7 @@ from prefect.context import TaskRunContext
 
 from moai.config import PipelineConfig, read_env, resolve_config
 from moai.hardware import detect, plan as make_plan
-from moai.pipeline import Pipeline, StageResult, summary
+from moai.pipeline import Pipeline, StageResult, launch_training, summary
 from moai.presets import tiny
 
 
@@ -84,6 +84,25 @@ def pack_task(config: PipelineConfig, key: str, tokens: StageResult) -> StageRes
     return _checked(_pipeline(config).pack(tokens), key)
 
 
+@task(name="train")
+def train_task(config: PipelineConfig, prepared: dict[str, Any]) -> dict[str, Any]:
+    """accelerate launch the training; every output line goes to this run's logs."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    log = get_run_logger()
+    t = config.train
+    progress = create_progress_artifact(0.0, key="train-progress", description=f"training steps done of {t.max_steps}")
+
+    def on_metrics(record: dict) -> None:
+        if "loss" in record:
+            update_progress_artifact(progress, 100.0 * record["step"] / t.max_steps)
+
+    last = launch_training(config, prepared, on_line=log.info, on_metrics=on_metrics)
+    create_table_artifact([{"metric": k, "value": str(v)} for k, v in last.items() if k not in ("event",)],
+                          key="train-summary", description=f"training: {t.output_dir}")
+    return last
+
+
 def _forward_moai_logs() -> None:
     """Send the `moai` library's log records to this run's logs (what PREFECT_LOGGING_EXTRA_LOGGERS does)."""
     from prefect.logging.handlers import APILogHandler
@@ -104,7 +123,7 @@ def _report_artifact(result: StageResult) -> None:
 
 @flow(name="pretrain", log_prints=True)
 def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
-    """Prepare the data of `config` (train comes in a later stage)."""
+    """Prepare the data of `config`, then train on it when the config has a train section."""
     _forward_moai_logs()
     log = get_run_logger()
     plan = make_plan(detect(config.cache_dir), config, read_env())
@@ -133,6 +152,8 @@ def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
     if config.pack.enabled:
         results["pack"] = run(pack_task, "pack", pipe.key("pack", results["tokenize"].key), results["tokenize"])
     out = summary(results)
+    if config.train is not None and config.train.enabled:
+        out["train"] = train_task(config, out)
     create_markdown_artifact(
         f"# moai data\n\n- token store: `{out['token_store']}`\n- sample index: `{out['sample_index']}`\n"
         f"- documents: {out['num_documents']:,}\n- tokens: {out['num_tokens']:,}\n",

@@ -3,6 +3,7 @@
     moai plan CONFIG       print the resolved config and the hardware plan; run nothing
     moai prepare CONFIG    run convert → filter → save → tokenizer → tokenize → pack;
                            the last stdout line is one JSON object with the output paths
+    moai train CONFIG      prepare, then `accelerate launch python -m moai.train`
 
 CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
 """
@@ -44,6 +45,21 @@ def _prepare_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_cmd(args: argparse.Namespace) -> int:
+    from moai.launch import TrainingFailed
+    from moai.pipeline import launch_training, prepare
+
+    config = resolve_config(args.config)
+    prepared = prepare(config, progress=not args.no_progress)
+    try:
+        last = launch_training(config, prepared, on_line=lambda line: print(line, flush=True))
+    except TrainingFailed as err:
+        print(f"moai: error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps({**prepared, "train": last}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -55,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_prepare_cmd)
+    p = sub.add_parser("train", help="run the data stages, then accelerate launch the training")
+    p.add_argument("config", help="config file (YAML/JSON) or preset name")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_train_cmd)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -174,3 +174,22 @@ def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = T
     if config.pack.enabled:
         results["pack"] = p.pack(results["tokenize"])
     return summary(results)
+
+
+def launch_training(config: PipelineConfig, prepared: dict[str, Any], on_line: Callable[[str], None],
+                    on_metrics: Callable[[dict], None] | None = None, plan: Plan | None = None) -> dict[str, Any]:
+    """Train on prepared data with `accelerate launch python -m moai.train`; return the last metrics."""
+    from moai import launch
+    from moai.errors import DataError
+
+    if config.train is None:
+        raise DataError("no train section in the config: nothing to train")
+    if not prepared.get("sample_index"):
+        raise DataError("training needs packed samples: set pack.enabled: true (unpacked training is not built yet)")
+    plan = plan or make_plan(detect(config.cache_dir, with_gpus=True), config, read_env())
+    data = {k: prepared[k] for k in ("sample_index", "tokenizer", "token_store")}
+    resolved = launch.resolve(config, data, plan.loader_workers.value)
+    cmd = launch.launch_command(config.train, str(resolved), num_gpus=len(plan.hardware.gpus), port=launch.free_port(),
+                                accelerate_config=str(resolved.parent / "accelerate.yaml"))
+    log.info("launching %d training process(es): %s", cmd.num_processes, " ".join(cmd.argv))
+    return launch.run_launch(cmd, on_line, on_metrics)
