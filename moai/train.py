@@ -426,19 +426,23 @@ class _null:
         return False
 
 
+def guarded(fn, *args):
+    """Run fn; on an exception print one recognisable line naming this rank (read by moai.launch), then re-raise."""
+    rank = os.environ.get("RANK", "0")
+    try:
+        return fn(*args)
+    except Exception as err:
+        print(f"[rank {rank}] moai.train failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moai.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="RESOLVED.json written by moai.launch")
     args = parser.parse_args(argv)
-    rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
-    try:
-        train(json.loads(Path(args.config).read_text()))
-    except Exception as err:
-        # One recognisable line for the launcher to report, before the traceback.
-        print(f"[rank {rank}] moai.train failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        raise
+                        format=f"%(asctime)s [rank {os.environ.get('RANK', '0')}] %(levelname)s %(name)s: %(message)s")
+    guarded(train, json.loads(Path(args.config).read_text()))
     return 0
 
 

@@ -1,0 +1,129 @@
+"""Real `accelerate launch` runs on CPU: learning, exact resume (1 and 2 ranks), 2-rank sharding,
+a failing rank, and the final model loading with from_pretrained."""
+
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PYTHON, ROOT, subprocess_env, train_bpe, write_jsonl
+from moai.config import parse_config
+from moai.launch import Launch, TrainingFailed, launch_command, run_launch
+
+TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+
+
+@pytest.fixture(scope="module")
+def learnable(tmp_path_factory):
+    """A corpus where each next word is determined by the last one, and a tokenizer for it."""
+    root = tmp_path_factory.mktemp("learnable")
+    docs = [{"text": " ".join(WORDS[(s + i) % len(WORDS)] for i in range(40))} for s in range(400)]
+    corpus = write_jsonl(root / "corpus.jsonl", docs)
+    tok = train_bpe(root / "tok", [d["text"] for d in docs], vocab_size=300)
+    return root, corpus, tok
+
+
+def config(root: Path, corpus, tok, out: Path, **train) -> dict:
+    return {
+        "cache_dir": str(root / "cache"),
+        "source": {"path": str(corpus)},
+        "tokenizer": {"path": str(tok)},
+        "pack": {"seq_len": 32},
+        "split": {"val_fraction": 0.05},
+        "train": {"model_config": TINY, "output_dir": str(out), "max_steps": 20, "micro_batch_size": 4,
+                  "lr": 3e-3, "warmup_steps": 2, "log_every": 1, "save_every": 5, "eval_batches": 2,
+                  "tracker": "none", **train},
+    }
+
+
+def moai_train(cfg: dict, where: Path) -> subprocess.CompletedProcess:
+    f = where / f"config-{time.monotonic_ns()}.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"], capture_output=True,
+                         text=True, env=subprocess_env(), cwd=where, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def losses(output_dir: Path) -> dict[int, float]:
+    lines = [json.loads(l) for l in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in lines if "loss" in r}
+
+
+def test_a_small_model_learns_and_loads(learnable, tmp_path):
+    root, corpus, tok = learnable
+    out = tmp_path / "run"
+    cfg = config(root, corpus, tok, out, max_steps=60, log_every=10, save_every=30, tracker="tensorboard")
+    result = json.loads(moai_train(cfg, tmp_path).stdout.strip().splitlines()[-1])
+    from transformers import AutoTokenizer
+
+    vocab_size = len(AutoTokenizer.from_pretrained(tok))
+    final_loss = losses(out)[60]
+    assert final_loss < 0.5 * math.log(vocab_size), final_loss
+    assert result["train"]["eval_ppl"] > 0 and result["train"]["tokens_per_s"] > 0
+    line = json.loads((out / "metrics.jsonl").read_text().splitlines()[1])
+    assert {"step", "loss", "grad_norm", "lr", "tokens_per_s", "samples_per_s", "mfu"} <= set(line)
+    assert line["mfu"] is None  # no GPU peak on CPU
+    assert list((out / "moai").rglob("events.out.tfevents.*")), "TensorBoard tracker wrote nothing"
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000030", "step-00000060"]
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert model.config.num_hidden_layers == 2 and AutoTokenizer.from_pretrained(out / "final").eos_token == "<eos>"
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_resume_gives_bit_identical_losses(learnable, tmp_path, ranks):
+    root, corpus, tok = learnable
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    moai_train(config(root, corpus, tok, whole, num_processes=ranks), tmp_path)
+    moai_train(config(root, corpus, tok, split, num_processes=ranks, stop_after_steps=10), tmp_path)
+    assert max(losses(split)) == 10 and not (split / "final").exists()
+    moai_train(config(root, corpus, tok, split, num_processes=ranks), tmp_path)
+    a, b = losses(whole), losses(split)
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    assert all(a[s] == b[s] for s in a), {s: (a[s], b[s]) for s in a if a[s] != b[s]}
+    starts = [json.loads(l) for l in (split / "metrics.jsonl").read_text().splitlines() if '"start"' in l]
+    assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] == 10
+    assert starts[0]["world_size"] == ranks
+
+
+def test_two_cpu_ranks_see_disjoint_samples(learnable, tmp_path):
+    root, corpus, tok = learnable
+    out = tmp_path / "two"
+    moai_train(config(root, corpus, tok, out, num_processes=2, max_steps=4, save_every=4), tmp_path)
+    ranks = [json.loads((out / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["first_samples"] and not set(ranks[0]["first_samples"]) & set(ranks[1]["first_samples"])
+
+
+def test_a_failing_rank_fails_the_launch_fast_with_its_message(tmp_path):
+    t = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"},
+                      "train": {"model_config": TINY, "num_processes": 2}}).train
+    acc = tmp_path / "accelerate.yaml"
+    from moai.launch import BASE_ACCELERATE_CONFIG
+
+    acc.write_text(yaml.safe_dump(BASE_ACCELERATE_CONFIG))
+    launch = launch_command(t, "unused.json", num_gpus=0, port=_port(), accelerate_config=str(acc),
+                            module="failing_rank")
+    env = {**launch.env, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "assets"), str(ROOT)])}
+    lines = []
+    started = time.monotonic()
+    with pytest.raises(TrainingFailed, match="rank 1: ValueError: rank one broke on purpose") as err:
+        run_launch(Launch(launch.argv, env, launch.num_processes), on_line=lines.append)
+    assert time.monotonic() - started < 30
+    assert "--- last lines ---" in str(err.value) and lines
+
+
+def _port() -> int:
+    from moai.launch import free_port
+
+    return free_port()
