@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 
 from moai.config import ConfigError, read_env, resolve_config
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # A SIGTERM (scheduler, `kill`) unwinds like Ctrl-C, so a running launch takes its process group down.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return args.func(args)
     except (ConfigError, DataError, TokenizerError) as err:

@@ -163,6 +163,13 @@ class TrainState:
     step: int = 0
     samples_consumed: int = 0
     tokens_consumed: int = 0
+    # What the order of samples depends on: a resumed run must match, or it would not be exact.
+    run: dict[str, Any] | None = None
+
+
+def run_identity(t: TrainConfig, world: int, seq_len: int, num_samples: int) -> dict[str, Any]:
+    return {"seed": t.seed, "micro_batch_size": t.micro_batch_size, "grad_accum_steps": t.grad_accum_steps,
+            "world_size": world, "seq_len": seq_len, "train_samples": num_samples, "max_steps": t.max_steps}
 
 
 def checkpoints(output_dir: Path) -> list[Path]:
@@ -174,6 +181,7 @@ def checkpoints(output_dir: Path) -> list[Path]:
 
 
 def save_checkpoint(accelerator, model, optimizer, scheduler, tokenizer, state: TrainState, t: TrainConfig) -> Path:
+    """Save everything a resume needs; `model` is the plain module (not DDP-wrapped or compiled)."""
     import torch
 
     out = Path(t.output_dir)
@@ -187,7 +195,7 @@ def save_checkpoint(accelerator, model, optimizer, scheduler, tokenizer, state: 
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
                tmp / f"rng-{accelerator.process_index}.pt")
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(tmp / "model", safe_serialization=True)
+        model.save_pretrained(tmp / "model", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "model")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -201,11 +209,17 @@ def save_checkpoint(accelerator, model, optimizer, scheduler, tokenizer, state: 
     return final
 
 
-def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> TrainState:
+def load_checkpoint(path: Path, accelerator, unwrapped, optimizer, scheduler, expected: dict[str, Any]) -> TrainState:
     import torch
     from safetensors.torch import load_file
 
-    unwrapped = accelerator.unwrap_model(model)
+    state = TrainState(**json.loads((path / "state.json").read_text()))
+    if state.run is not None and state.run != expected:
+        diff = {k: (state.run.get(k), v) for k, v in expected.items() if state.run.get(k) != v}
+        raise ValueError(
+            f"{path.parent.parent} holds a run with other settings {diff} (checkpoint, now); an exact resume needs "
+            "the same ones: restore them, or give train.output_dir a new folder"
+        )
     weights = {}
     for f in sorted((path / "model").glob("*.safetensors")):
         weights.update(load_file(str(f)))
@@ -224,7 +238,7 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> Tra
         random.setstate(rng["python"])
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-    return TrainState(**json.loads((path / "state.json").read_text()))
+    return state
 
 
 # -- the loop -------------------------------------------------------------------------------------
@@ -321,18 +335,21 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
                                    {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(0.9, 0.95), **fused)
     scheduler = cosine_with_warmup(optimizer, t)
     model, optimizer = accelerator.prepare(model, optimizer)
-    if t.compile:
-        model = torch.compile(model)
+    raw_model = accelerator.unwrap_model(model)  # for checkpoints: no DDP or compile wrapper in the names
 
-    state = TrainState()
+    world, rank = accelerator.num_processes, accelerator.process_index
+    identity = run_identity(t, world, seq_len, len(train_data))
+    state = TrainState(run=identity)
     found = checkpoints(out)
     if found:
-        state = load_checkpoint(found[-1], accelerator, model, optimizer, scheduler)
+        state = load_checkpoint(found[-1], accelerator, raw_model, optimizer, scheduler, identity)
+        state.run = identity
         log.info("resumed from %s at step %d", found[-1], state.step)
+    if t.compile:
+        model = torch.compile(model)
     if tracker:
         accelerator.init_trackers("moai", config={"max_steps": t.max_steps, "lr": t.lr, "seq_len": seq_len})
 
-    world, rank = accelerator.num_processes, accelerator.process_index
     from torch.utils.data import DataLoader
 
     workers = resolved.get("loader_workers", 0)
@@ -391,7 +408,7 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
         if t.eval_every and state.step % t.eval_every == 0 and state.step < t.max_steps:
             _eval_line(model, accelerator, val_data, t, state, metrics)
         if state.step % t.save_every == 0 or state.step == stop_at:
-            save_checkpoint(accelerator, model, optimizer, scheduler, tokenizer, state, t)
+            save_checkpoint(accelerator, raw_model, optimizer, scheduler, tokenizer, state, t)
 
     result: dict[str, Any] = {"step": state.step, "last": last}
     if state.step >= t.max_steps:
@@ -399,7 +416,7 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
         final = out / "final"
         if accelerator.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
-            accelerator.unwrap_model(model).save_pretrained(final, safe_serialization=True)
+            raw_model.save_pretrained(final, safe_serialization=True)
             tokenizer.save_pretrained(final)
         result["final_model"] = str(final)
     accelerator.wait_for_everyone()

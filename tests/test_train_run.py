@@ -127,3 +127,49 @@ def _port() -> int:
     from moai.launch import free_port
 
     return free_port()
+
+
+def test_interrupting_the_caller_kills_the_whole_launch(tmp_path):
+    """What Prefect's cancellation does to the flow process: the launch's process group goes with it."""
+    import signal
+
+    pid_file = tmp_path / "pid"
+    code = f"""
+import os, yaml
+from moai.config import parse_config
+from moai.launch import BASE_ACCELERATE_CONFIG, Launch, launch_command, run_launch, free_port
+t = parse_config({{"source": {{"path": "x"}}, "tokenizer": {{"path": "t"}}, "train": {{"model_config": {{"model_type": "llama"}}}}}}).train
+open({str(tmp_path / 'acc.yaml')!r}, "w").write(yaml.safe_dump(BASE_ACCELERATE_CONFIG))
+l = launch_command(t, {str(pid_file)!r}, num_gpus=0, port=free_port(), accelerate_config={str(tmp_path / 'acc.yaml')!r}, module="sleeper")
+run_launch(Launch(l.argv, {{**l.env, "PYTHONPATH": {str(ROOT / 'tests' / 'assets')!r}}}, 1), on_line=print)
+"""
+    runner = subprocess.Popen([PYTHON, "-c", code], env=subprocess_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    os.kill(child, 0)  # alive
+    runner.send_signal(signal.SIGINT)
+    runner.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the training process outlived its cancelled caller")
+
+
+def test_resuming_with_other_settings_is_refused(learnable, tmp_path):
+    root, corpus, tok = learnable
+    out = tmp_path / "run"
+    moai_train(config(root, corpus, tok, out, max_steps=4, save_every=2, stop_after_steps=2), tmp_path)
+    f = tmp_path / "changed.yaml"
+    f.write_text(yaml.safe_dump(config(root, corpus, tok, out, max_steps=4, save_every=2, micro_batch_size=2)))
+    res = subprocess.run([PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"], capture_output=True, text=True,
+                         env=subprocess_env(), cwd=tmp_path, timeout=300)
+    assert res.returncode == 1
+    assert "holds a run with other settings" in res.stderr and "micro_batch_size" in res.stderr
