@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.context import TaskRunContext
 
 from moai.config import PipelineConfig, read_env, resolve_config
@@ -76,7 +76,11 @@ def tokenizer_task(config: PipelineConfig, key: str, saved: StageResult) -> Stag
 
 @task(name="tokenize", **CACHED)
 def tokenize_task(config: PipelineConfig, key: str, saved: StageResult, tok: StageResult) -> StageResult:
-    return _checked(_pipeline(config).tokenize(saved, tok), key)
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    bar = create_progress_artifact(0.0, key="tokenize-progress", description="tokenize: documents done (%)")
+    pipe = Pipeline(config, progress=False, on_progress=lambda stage, f: update_progress_artifact(bar, 100.0 * f))
+    return _checked(pipe.tokenize(saved, tok), key)
 
 
 @task(name="pack", **CACHED)
@@ -98,9 +102,30 @@ def train_task(config: PipelineConfig, prepared: dict[str, Any]) -> dict[str, An
             update_progress_artifact(progress, 100.0 * record["step"] / t.max_steps)
 
     last = launch_training(config, prepared, on_line=log.info, on_metrics=on_metrics)
-    create_table_artifact([{"metric": k, "value": str(v)} for k, v in last.items() if k not in ("event",)],
+    update_progress_artifact(progress, 100.0)
+    shown = ("step", "loss", "eval_loss", "eval_ppl", "tokens_per_s", "mfu", "grad_norm", "lr", "final_model")
+    create_table_artifact([{"metric": k, "value": str(last.get(k))} for k in shown],
                           key="train-summary", description=f"training: {t.output_dir}")
+    create_markdown_artifact(loss_curve_markdown(Path(t.output_dir) / "metrics.jsonl"), key="train-loss-curve")
     return last
+
+
+def loss_curve_markdown(metrics_file: Path, width: int = 60, height: int = 12) -> str:
+    """The loss curve as a text chart plus a table, for a markdown artifact."""
+    points = [(r["step"], r["loss"]) for r in map(json.loads, metrics_file.read_text().splitlines()) if "loss" in r]
+    if not points:
+        return "# Loss curve\n\nno loss lines yet"
+    steps, losses = zip(*points)
+    lo, hi = min(losses), max(losses)
+    grid = [[" "] * width for _ in range(height)]
+    for s, v in points:
+        x = round((s - steps[0]) / max(1, steps[-1] - steps[0]) * (width - 1))
+        y = round((hi - v) / ((hi - lo) or 1) * (height - 1))
+        grid[y][x] = "•"
+    chart = "\n".join(f"{hi - (hi - lo) * i / (height - 1):8.3f} │{''.join(row)}" for i, row in enumerate(grid))
+    chart += f"\n{'':8} └{'─' * width}\n{'':10}step {steps[0]} … {steps[-1]}"
+    table = "| step | loss |\n|---:|---:|\n" + "\n".join(f"| {s} | {v:.4f} |" for s, v in points)
+    return f"# Loss curve\n\n```\n{chart}\n```\n\n{table}\n"
 
 
 def _forward_moai_logs() -> None:
@@ -113,12 +138,31 @@ def _forward_moai_logs() -> None:
         logger.addHandler(APILogHandler())
 
 
-def _report_artifact(result: StageResult) -> None:
+def _report_artifacts(result: StageResult) -> None:
+    """A table of the stage's report and a link to its output folder."""
     flat = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in result.report.items()
             if k not in ("splits",)}
     rows = [{"field": k, "value": str(v)} for k, v in flat.items()]
     rows += [{"field": "output", "value": result.path}, {"field": "built now", "value": str(result.built)}]
     create_table_artifact(rows, key=f"stage-{result.stage}", description=f"{result.stage} report: {result.path}")
+    create_link_artifact(Path(result.path).as_uri(), link_text=result.path, key=f"stage-{result.stage}-output",
+                         description=f"{result.stage} output folder")
+
+
+def packing_markdown(pack: StageResult) -> str:
+    """Document-length histogram and packing efficiency of the train split, as markdown."""
+    train = pack.report["splits"]["train"]
+    most = max((b["documents"] for b in train["length_histogram"]), default=1) or 1
+    rows = "\n".join(
+        f"| {b['from']}–{b['to'] if b['to'] is not None else '∞'} | {b['documents']:,} | {'█' * round(30 * b['documents'] / most)} |"
+        for b in train["length_histogram"] if b["documents"])
+    return (
+        f"# Packing (train split)\n\n- samples: {train['samples']:,} × {pack.report['seq_len']} tokens\n"
+        f"- tokens used: {train['tokens_used']:,} of {train['tokens']:,} ({100 * train['fraction_used']:.2f}%),"
+        f" padding: 0\n- documents split across samples: {train['documents_split']:,} of {train['documents']:,}\n"
+        f"- mean document length: {train['mean_document_tokens']} tokens\n\n"
+        f"## Document lengths (tokens)\n\n| length | documents | |\n|---|---:|---|\n{rows}\n"
+    )
 
 
 @flow(name="pretrain", log_prints=True)
@@ -134,7 +178,7 @@ def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
         fresh = not pipe.is_published(stage, key)
         result = task_fn.with_options(refresh_cache=fresh)(config, key, *args)
         log.info("%s: %s", stage, result.path)
-        _report_artifact(result)
+        _report_artifacts(result)
         return result
 
     results: dict[str, StageResult] = {}
@@ -151,6 +195,7 @@ def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
                               results["save"], results["tokenizer"])
     if config.pack.enabled:
         results["pack"] = run(pack_task, "pack", pipe.key("pack", results["tokenize"].key), results["tokenize"])
+        create_markdown_artifact(packing_markdown(results["pack"]), key="packing")
     out = summary(results)
     if config.train is not None and config.train.enabled:
         out["train"] = train_task(config, out)

@@ -43,11 +43,13 @@ class StageResult:
 
 
 class Pipeline:
-    def __init__(self, config: PipelineConfig, plan: Plan | None = None, progress: bool = True):
+    def __init__(self, config: PipelineConfig, plan: Plan | None = None, progress: bool = True,
+                 on_progress: Callable[[str, float], None] | None = None):
         self.config = config
         self.store = Store(config.cache_dir)
         self._plan = plan
         self.progress = progress
+        self.on_progress = on_progress  # (stage, fraction done) during long stages
 
     @property
     def plan(self) -> Plan:
@@ -134,7 +136,8 @@ class Pipeline:
         p = self.plan
         return self._run("tokenize", key, [saved.key, tok.key], lambda out: tokenize_mod.tokenize(
             info, Path(saved.path), out, num_proc=p.num_proc.value, threads_per_proc=p.threads_per_proc.value,
-            batch_size=p.batch_size.value, engine=self.config.tokenize.engine, progress=self.progress))
+            batch_size=p.batch_size.value, engine=self.config.tokenize.engine, progress=self.progress,
+            on_progress=(lambda f: self.on_progress("tokenize", f)) if self.on_progress else None))
 
     def pack(self, tokens: StageResult) -> StageResult:
         key = self.key("pack", tokens.key)

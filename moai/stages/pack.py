@@ -87,6 +87,7 @@ def pack(cfg: PackConfig, store_dir: Path, out_dir: Path, *, store_ref: str) -> 
         "rows_in": sum(s["documents"] for s in splits.values()),
         "rows_out": sum(s["samples"] for s in splits.values()),
         "samples": {k: v["samples"] for k, v in splits.items()},
+        "seq_len": cfg.seq_len,
         "tokens": sum(s["tokens"] for s in splits.values()),
         "fraction_used": train["fraction_used"],
         "splits": splits,

@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -266,6 +266,7 @@ def tokenize(
     batch_size: int,
     engine: str = "auto",
     progress: bool = True,
+    on_progress: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`."""
     from tqdm.auto import tqdm
@@ -286,14 +287,20 @@ def tokenize(
     num_proc = max(1, min(num_proc, len(jobs)))
 
     bar = tqdm(total=total_docs, unit="doc", desc="tokenize", disable=not progress, mininterval=0.5)
-    done_tokens = 0
+    done_tokens = done_docs = 0
+    reported = 0.0
 
     def advance(docs: int, tokens: int) -> None:
-        nonlocal done_tokens
+        nonlocal done_tokens, done_docs, reported
         done_tokens += tokens
+        done_docs += docs
         bar.update(docs)
         elapsed = max(time.perf_counter() - started, 1e-9)
         bar.set_postfix_str(f"{done_tokens / elapsed:,.0f} tok/s", refresh=False)
+        fraction = done_docs / max(total_docs, 1)
+        if on_progress is not None and (fraction - reported >= 0.02 or fraction >= 1.0):
+            reported = fraction
+            on_progress(fraction)
 
     results: list[dict[str, int]] = []
     try:

@@ -1,0 +1,149 @@
+"""`prefect deployment run pretrain/default` end to end on a real Prefect server, worker and work pool.
+
+Starts `prefect server start` on 127.0.0.1 (free port, temporary home and database), creates the
+process pool, deploys from deployments/prefect.yaml, starts a worker, runs the deployment twice
+with tiny parameters, and checks through the REST API: states, task runs (Cached the second
+time), artifacts, and the `moai` library's log lines in the run's logs. Every process it starts
+is stopped. Telemetry is off; nothing leaves the machine.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from conftest import PYTHON, ROOT, subprocess_env
+from moai.config import parse_config
+from moai.launch import free_port
+from moai.presets import ASSETS, tiny
+
+PREFECT = str(Path(PYTHON).parent / "prefect")
+DATA_STAGES = ["convert", "filter", "save", "tokenizer", "tokenize", "pack"]
+
+
+def test_shipped_deployment_parameters_are_the_tiny_preset():
+    spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    (dep,) = spec["deployments"]
+    assert dep["name"] == "default" and dep["entrypoint"] == "flows/pretrain.py:pretrain"
+    assert dep["work_pool"]["name"] == "moai"
+    shipped = parse_config(dep["parameters"]["config"])
+    expected = tiny().model_copy(update={
+        "source": tiny().source.model_copy(update={"path": "moai/assets/tiny.jsonl"}),
+        "train": tiny().train.model_copy(update={"output_dir": ".moai/runs/tiny"}),
+    })
+    assert shipped == expected
+    assert (ROOT / shipped.source.path).resolve() == (ASSETS / "tiny.jsonl").resolve()
+    text = (ROOT / "deployments" / "prefect.yaml").read_text().lower()
+    assert not re.search(r"(api_key|password|secret|token:)", text)
+
+
+def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout=30) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=timeout)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    env = {**subprocess_env(), "PREFECT_HOME": str(tmp_path / "prefect-home"),
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "DO_NOT_TRACK": "1", "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-storage"),
+           "PREFECT_SERVER_API_HOST": "127.0.0.1"}
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    api = env["PREFECT_API_URL"]
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield env, api
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def prefect(env, *args, cwd=ROOT, timeout=300) -> str:
+    out = subprocess.run([PREFECT, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def post(api, path, body) -> list[dict]:
+    r = httpx.post(f"{api}{path}", json=body, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def run_and_wait(env, api, params: dict) -> str:
+    out = prefect(env, "deployment", "run", "pretrain/default", "--params", json.dumps(params))
+    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
+    deadline = time.monotonic() + 420
+    while True:
+        state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
+        if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        assert time.monotonic() < deadline, f"flow run still {state['type']}"
+        time.sleep(1)
+    assert state["type"] == "COMPLETED", state
+    return run_id
+
+
+def task_states(api, run_id: str) -> dict[str, str]:
+    runs = post(api, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
+    return {r["name"].rsplit("-", 1)[0]: r["state"]["name"] for r in runs}
+
+
+def test_deployment_run_on_a_real_server(server, tmp_path):
+    env, api = server
+    prefect(env, "work-pool", "create", "moai", "--type", "process")
+    prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    worker_log = open(tmp_path / "worker.log", "w")
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "moai", "--limit", "1"], env=env, cwd=tmp_path,
+                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        config = tiny(cache_dir=str(tmp_path / "cache")).model_dump(mode="json", by_alias=True)
+        config["train"].update({"max_steps": 10, "log_every": 2, "save_every": 10})
+        first = run_and_wait(env, api, {"config": config})
+        states = task_states(api, first)
+        assert all(states.get(s) == "Completed" for s in DATA_STAGES + ["train"]), states
+
+        artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [first]}}})
+        keys = {a["key"] for a in artifacts if a.get("key")}
+        types = {a["type"] for a in artifacts}
+        assert {"hardware-plan", "packing", "train-progress", "tokenize-progress", "train-summary",
+                "train-loss-curve"} <= keys, keys
+        assert {f"stage-{s}" for s in DATA_STAGES} <= keys and {f"stage-{s}-output" for s in DATA_STAGES} <= keys
+        assert {"table", "markdown", "progress"} <= types  # link artifacts are stored as markdown
+        progress = {a["key"]: a["data"] for a in artifacts if a["type"] == "progress"}
+        assert progress["train-progress"] == 100.0 and progress["tokenize-progress"] == 100.0
+
+        logs = post(api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [first]}}, "limit": 200})
+        assert any(l["name"].startswith("moai") for l in logs), {l["name"] for l in logs}
+        assert any('"loss"' in l["message"] for l in logs)  # training lines streamed into the run's logs
+
+        second = run_and_wait(env, api, {"config": config})
+        states = task_states(api, second)
+        assert all(states.get(s) == "Cached" for s in DATA_STAGES), states
+    finally:
+        _stop(worker)
+        worker_log.close()
+    assert worker.returncode is not None
