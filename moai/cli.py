@@ -4,6 +4,7 @@
     moai prepare CONFIG    run convert → filter → save → tokenizer → tokenize → pack;
                            the last stdout line is one JSON object with the output paths
     moai train CONFIG      prepare, then `accelerate launch python -m moai.train`
+    moai doctor [CONFIG]   check the set-up: pass/warn/fail with a fix for each
 
 CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
 """
@@ -61,6 +62,23 @@ def _train_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor_cmd(args: argparse.Namespace) -> int:
+    from moai.doctor import evaluate, gather
+
+    config = resolve_config(args.config) if args.config else None
+    checks = evaluate(gather(config))
+    marks = {"pass": "✔ pass", "warn": "! warn", "fail": "✘ fail"}
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"{marks[c.status]}  {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status != "pass":
+            print(f"{'':8}  {'':<{width}}  fix: {c.fix}")
+    failed = sum(c.status == "fail" for c in checks)
+    print(f"{len(checks)} checks: {sum(c.status == 'pass' for c in checks)} pass, "
+          f"{sum(c.status == 'warn' for c in checks)} warn, {failed} fail")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -76,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_train_cmd)
+    p = sub.add_parser("doctor", help="check this machine's set-up; non-zero exit on any failure")
+    p.add_argument("config", nargs="?", help="config file or preset to check the tokenizer and plan of")
+    p.set_defaults(func=_doctor_cmd)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
