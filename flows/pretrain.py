@@ -13,6 +13,7 @@ published folder of a key has gone (someone cleaned the cache), the task runs wi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -128,14 +129,22 @@ def loss_curve_markdown(metrics_file: Path, width: int = 60, height: int = 12) -
     return f"# Loss curve\n\n```\n{chart}\n```\n\n{table}\n"
 
 
-def _forward_moai_logs() -> None:
-    """Send the `moai` library's log records to this run's logs (what PREFECT_LOGGING_EXTRA_LOGGERS does)."""
+@contextlib.contextmanager
+def moai_logs_to_run():
+    """Send the `moai` library's log records to this run's logs while the flow runs
+    (what PREFECT_LOGGING_EXTRA_LOGGERS does, without touching the process's settings)."""
     from prefect.logging.handlers import APILogHandler
 
     logger = logging.getLogger("moai")
+    handler = APILogHandler()
+    level = logger.level
     logger.setLevel(logging.INFO)
-    if not any(isinstance(h, APILogHandler) for h in logger.handlers):
-        logger.addHandler(APILogHandler())
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _report_artifacts(result: StageResult) -> None:
@@ -168,7 +177,11 @@ def packing_markdown(pack: StageResult) -> str:
 @flow(name="pretrain", log_prints=True)
 def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
     """Prepare the data of `config`, then train on it when the config has a train section."""
-    _forward_moai_logs()
+    with moai_logs_to_run():
+        return _pretrain(config)
+
+
+def _pretrain(config: PipelineConfig) -> dict[str, Any]:
     log = get_run_logger()
     plan = make_plan(detect(config.cache_dir), config, read_env())
     create_table_artifact(plan.rows(), key="hardware-plan", description=f"Hardware plan: {plan.hardware}")

