@@ -187,8 +187,6 @@ def launch_training(config: PipelineConfig, prepared: dict[str, Any], on_line: C
 
     if config.train is None:
         raise DataError("no train section in the config: nothing to train")
-    if not prepared.get("sample_index"):
-        raise DataError("training needs packed samples: set pack.enabled: true (unpacked training is not built yet)")
     plan = plan or make_plan(detect(config.cache_dir, with_gpus=True), config, read_env())
     data = {k: prepared[k] for k in ("sample_index", "tokenizer", "token_store")}
     resolved = launch.resolve(config, data, plan.loader_workers.value)

@@ -44,25 +44,36 @@ PEAK_BF16 = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100",
 
 # -- data order: a pure function of (seed, epoch, i) -----------------------------------------------
 
-def epoch_order(seed: int, epoch: int, num_samples: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+def epoch_order(seed: int, epoch: int, num_samples: int, lengths: np.ndarray | None = None,
+                group: int = 0) -> np.ndarray:
+    """The order of samples in an epoch: a seeded permutation; with `lengths`, each window of
+    `group` consecutive samples is sorted longest first, so a micro-batch holds similar lengths
+    (little padding) while the epoch stays shuffled."""
+    order = np.random.default_rng([seed, epoch]).permutation(num_samples)
+    if lengths is None or group <= 1:
+        return order
+    for lo in range(0, num_samples, group):
+        window = order[lo : lo + group]
+        order[lo : lo + group] = window[np.argsort(-lengths[window], kind="stable")]
+    return order
 
 
 def sample_ids(seed: int, num_samples: int, step: int, micro: int, rank: int, world: int, micro_batch: int,
-               grad_accum: int, cache: dict | None = None) -> list[int]:
+               grad_accum: int, cache: dict | None = None, order=None) -> list[int]:
     """Sample indices of one micro-batch: rank `rank`'s share of micro-step `micro` of optimizer step `step`.
 
     Global position p of each sample runs over (step, micro, rank, j); epoch = p // num_samples and
-    the sample is that epoch's permutation at p % num_samples. Ranks get disjoint positions.
+    the sample is that epoch's order at p % num_samples. Ranks get disjoint positions.
     """
     cache = {} if cache is None else cache
+    order = order or (lambda epoch: epoch_order(seed, epoch, num_samples))
     base = ((step * grad_accum + micro) * world + rank) * micro_batch
     out = []
     for p in range(base, base + micro_batch):
         epoch, i = divmod(p, num_samples)
         if epoch not in cache:
             cache.clear()
-            cache[epoch] = epoch_order(seed, epoch, num_samples)
+            cache[epoch] = order(epoch)
         out.append(int(cache[epoch][i]))
     return out
 
@@ -70,10 +81,13 @@ def sample_ids(seed: int, num_samples: int, step: int, micro: int, rank: int, wo
 class PackedDataset:
     """Map-style dataset over a pack stage split: item i -> input_ids, position_ids, labels."""
 
+    lengths = None  # every sample is seq_len long: no grouping needed
+
     def __init__(self, pack_dir: str, split: str):
         from moai.tokens import PackedSamples
 
         self.samples = PackedSamples(pack_dir, split)
+        self.seq_len = self.samples.seq_len
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -85,18 +99,77 @@ class PackedDataset:
         ids = torch.from_numpy(s["input_ids"])
         return {"input_ids": ids, "position_ids": torch.from_numpy(s["position_ids"]), "labels": ids.clone()}
 
+    @staticmethod
+    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
 
-def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-    import torch
+        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
 
-    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+class DocumentDataset:
+    """Unpacked mode (`pack.enabled: false`): item i is one document of the token store, or one
+    seq_len piece of a longer one; batches are padded (see `collate`)."""
+
+    def __init__(self, store_dir: str, split: str, seq_len: int, pad_id: int):
+        from moai.tokens import TokenStore
+
+        self.tokens = TokenStore(store_dir).split(split)
+        self.seq_len, self.pad_id = seq_len, pad_id
+        offs = self.tokens.doc_offsets
+        doc_len = np.diff(offs)
+        pieces = -(-doc_len // seq_len)
+        doc = np.repeat(np.arange(len(doc_len)), pieces)
+        k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+        starts = offs[:-1][doc] + k * seq_len
+        lengths = np.minimum(starts + seq_len, offs[1:][doc]) - starts
+        # A one-token piece has no next token to predict: it adds nothing but could make a
+        # micro-batch of nothing to predict (a NaN loss), so such pieces are left out.
+        keep = lengths >= 2
+        self.starts, self.lengths = starts[keep], lengths[keep]
+        self.dropped_tokens = int(lengths[~keep].sum())
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        start = int(self.starts[i])
+        return {"input_ids": torch.from_numpy(self.tokens.tokens(start, start + int(self.lengths[i])).astype(np.int64))}
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Pad to the longest item rounded up to a multiple of 8; labels -100 on padding."""
+        import torch
+
+        longest = max(len(it["input_ids"]) for it in items)
+        width = -(-longest // 8) * 8
+        ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        for row, it in enumerate(items):
+            n = len(it["input_ids"])
+            ids[row, :n] = it["input_ids"]
+            mask[row, :n] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def open_data(data_paths: dict[str, Any], split: str, seq_len: int, pad_id: int):
+    if data_paths.get("sample_index"):
+        return PackedDataset(data_paths["sample_index"], split)
+    return DocumentDataset(data_paths["token_store"], split, seq_len, pad_id)
 
 
 class StepBatches:
     """Batch sampler for this rank from a given step on: yields lists of sample ids, O(1) to start."""
 
-    def __init__(self, t: TrainConfig, num_samples: int, rank: int, world: int, start_step: int):
+    # Length-grouping window, in global batches (unpacked mode).
+    GROUP_BATCHES = 16
+
+    def __init__(self, t: TrainConfig, num_samples: int, rank: int, world: int, start_step: int,
+                 lengths: np.ndarray | None = None):
         self.t, self.n, self.rank, self.world, self.start = t, num_samples, rank, world, start_step
+        group = self.GROUP_BATCHES * t.micro_batch_size * t.grad_accum_steps * world
+        self.order = lambda epoch: epoch_order(t.seed, epoch, num_samples, lengths, group)
         self._cache: dict = {}
 
     def __iter__(self):
@@ -104,7 +177,7 @@ class StepBatches:
         for step in range(self.start, t.max_steps):
             for micro in range(t.grad_accum_steps):
                 yield sample_ids(t.seed, self.n, step, micro, self.rank, self.world, t.micro_batch_size,
-                                 t.grad_accum_steps, self._cache)
+                                 t.grad_accum_steps, self._cache, self.order)
 
     def __len__(self) -> int:
         return (self.t.max_steps - self.start) * self.t.grad_accum_steps
@@ -290,7 +363,7 @@ def evaluate(model, accelerator, data: PackedDataset | None, t: TrainConfig) -> 
                                     (b * world + rank + 1) * t.micro_batch_size) if i < len(data)]
             if not ids:
                 break
-            batch = {k: v.to(accelerator.device) for k, v in collate([data[i] for i in ids]).items()}
+            batch = {k: v.to(accelerator.device) for k, v in data.collate([data[i] for i in ids]).items()}
             with accelerator.autocast():
                 out = model(**batch, use_cache=False)
             total += out.loss.float() * len(ids)
@@ -314,6 +387,12 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
 
     mixed = t.mixed_precision or ("bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no")
     tracker = None if t.tracker == "none" else t.tracker
+    if tracker == "mlflow":
+        import importlib.util
+
+        if importlib.util.find_spec("mlflow") is None:
+            raise ValueError("train.tracker mlflow needs the mlflow package (pip install mlflow); "
+                             "MLFLOW_TRACKING_URI picks the server")
     accelerator = Accelerator(mixed_precision=mixed, log_with=tracker, project_dir=str(out))
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -321,9 +400,10 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
     set_seed(t.seed)  # same initial weights on every rank
 
     tokenizer = AutoTokenizer.from_pretrained(data_paths["tokenizer"])
-    train_data = PackedDataset(data_paths["sample_index"], "train")
-    val_data = PackedDataset(data_paths["sample_index"], "validation")
-    seq_len = train_data.samples.seq_len
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    train_data = open_data(data_paths, "train", config.pack.seq_len, pad_id)
+    val_data = open_data(data_paths, "validation", config.pack.seq_len, pad_id)
+    seq_len = train_data.seq_len
     model = build_model(t, len(tokenizer), tokenizer)
     num_params = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(model.config, num_params, seq_len)
@@ -353,10 +433,11 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     workers = resolved.get("loader_workers", 0)
-    loader = DataLoader(train_data, batch_sampler=StepBatches(t, len(train_data), rank, world, state.step),
-                        collate_fn=collate, num_workers=workers, pin_memory=torch.cuda.is_available(),
+    loader = DataLoader(train_data, batch_sampler=StepBatches(t, len(train_data), rank, world, state.step,
+                                                              train_data.lengths),
+                        collate_fn=train_data.collate, num_workers=workers, pin_memory=torch.cuda.is_available(),
                         persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
-    first = next(iter(StepBatches(t, len(train_data), rank, world, state.step)), [])
+    first = next(iter(StepBatches(t, len(train_data), rank, world, state.step, train_data.lengths)), [])
     (out / "ranks").mkdir(exist_ok=True)
     (out / "ranks" / f"rank-{rank}.json").write_text(json.dumps(
         {"rank": rank, "world_size": world, "start_step": state.step, "first_samples": first}))
@@ -370,14 +451,16 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
     stop_at = min(t.max_steps, state.step + t.stop_after_steps) if t.stop_after_steps else t.max_steps
 
     model.train()
-    tokens_per_step = t.micro_batch_size * t.grad_accum_steps * world * seq_len
-    window_start, window_steps = time.perf_counter(), 0
+    window_start = time.perf_counter()
+    window_tokens = torch.zeros((), device=accelerator.device, dtype=torch.float64)
     batches = iter(loader)
     last: dict[str, Any] = {}
     while state.step < stop_at:
         loss_sum = torch.zeros((), device=accelerator.device)
         for micro in range(t.grad_accum_steps):
             batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in next(batches).items()}
+            # real tokens only: padding (unpacked mode) is not work done
+            window_tokens += batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
             sync = micro == t.grad_accum_steps - 1
             with accelerator.no_sync(model) if not sync and world > 1 else _null():
                 with accelerator.autocast():
@@ -391,20 +474,21 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.samples_consumed += t.micro_batch_size * t.grad_accum_steps * world
-        state.tokens_consumed += tokens_per_step
-        window_steps += 1
 
         if state.step % t.log_every == 0 or state.step == stop_at:
             loss_value = float(accelerator.reduce(loss_sum, "mean"))
+            tokens = int(accelerator.reduce(window_tokens, "sum"))
+            state.tokens_consumed += tokens
             elapsed = time.perf_counter() - window_start
-            tps = tokens_per_step * window_steps / elapsed
+            tps = tokens / elapsed
             last = {"step": state.step, "loss": round(loss_value, 6), "grad_norm": round(float(grad_norm), 6),
                     "lr": lr, "tokens_per_s": round(tps, 1),
                     "samples_per_s": round(tps / seq_len, 2),
                     "mfu": round(fpt * tps / (peak * world), 4) if peak else None,
                     "tokens": state.tokens_consumed, "max_steps": t.max_steps}
             metrics.write(last)
-            window_start, window_steps = time.perf_counter(), 0
+            window_start = time.perf_counter()
+            window_tokens.zero_()
         if t.eval_every and state.step % t.eval_every == 0 and state.step < t.max_steps:
             _eval_line(model, accelerator, val_data, t, state, metrics)
         if state.step % t.save_every == 0 or state.step == stop_at:

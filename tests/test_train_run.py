@@ -173,3 +173,23 @@ def test_resuming_with_other_settings_is_refused(learnable, tmp_path):
                          env=subprocess_env(), cwd=tmp_path, timeout=300)
     assert res.returncode == 1
     assert "holds a run with other settings" in res.stderr and "micro_batch_size" in res.stderr
+
+
+def test_unpacked_training_then_continued_pretraining(learnable, tmp_path):
+    root, corpus, tok = learnable
+    first = tmp_path / "unpacked"
+    cfg = config(root, corpus, tok, first, max_steps=30, log_every=5, save_every=30)
+    cfg["pack"] = {"enabled": False, "seq_len": 32}
+    result = json.loads(moai_train(cfg, tmp_path).stdout.strip().splitlines()[-1])
+    assert result["sample_index"] is None
+    a = losses(first)
+    assert a[30] < a[5]
+
+    cont = tmp_path / "continued"
+    cfg = config(root, corpus, tok, cont, mode="continue", init_from=str(first / "final"), max_steps=5, log_every=1,
+                 save_every=5, lr=1e-3, warmup_steps=0)
+    cfg["train"].pop("model_config")
+    cfg["pack"] = {"enabled": False, "seq_len": 32}
+    moai_train(cfg, tmp_path)
+    b = losses(cont)
+    assert b[1] < a[5]  # starts from the trained weights, not from scratch

@@ -110,3 +110,69 @@ def test_packed_logits_equal_per_document_logits():
         together = model(input_ids=packed, position_ids=pos, use_cache=False).logits[0]
         apart = torch.cat([model(input_ids=d[None], use_cache=False).logits[0] for d in docs])
     assert torch.allclose(together, apart, atol=1e-5), (together - apart).abs().max()
+
+
+def test_length_grouped_order_is_a_shuffled_permutation_with_similar_neighbours():
+    from moai.train import epoch_order
+
+    lengths = np.random.default_rng(1).integers(1, 500, size=1000)
+    order = epoch_order(3, 0, 1000, lengths, group=100)
+    assert sorted(order) == list(range(1000))
+    assert np.array_equal(order, epoch_order(3, 0, 1000, lengths, group=100))
+    assert not np.array_equal(order, epoch_order(3, 1, 1000, lengths, group=100))
+    spread_grouped = np.mean([np.ptp(lengths[order[i:i + 8]]) for i in range(0, 1000, 8)])
+    plain = epoch_order(3, 0, 1000)
+    spread_plain = np.mean([np.ptp(lengths[plain[i:i + 8]]) for i in range(0, 1000, 8)])
+    assert spread_grouped < spread_plain / 4
+
+
+def test_unpacked_documents_pad_to_a_multiple_of_8_with_masked_labels(tmp_path, tokenizer_dir):
+    from moai.stages import tokenize as tk
+    from moai.stages.tokenizer import describe, load_tokenizer
+    from moai.textio import write_text_dataset
+    from moai.stages.save import save
+    from moai.train import DocumentDataset
+
+    text = tmp_path / "text"
+    text.mkdir()
+    write_text_dataset([["short", "a much longer document " * 20, "mid sized text here"]], text, "1MB")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    save(parse_config({**BASE, "split": {"val_fraction": 0.0}}).split, text, saved, max_shard_size="1MB")
+    info = describe(load_tokenizer(str(tokenizer_dir)), "t", "fp")
+    store = tmp_path / "store"
+    store.mkdir()
+    tk.tokenize(info, saved, store, num_proc=1, threads_per_proc=1, batch_size=10, progress=False)
+    data = DocumentDataset(str(store), "train", seq_len=16, pad_id=info.pad_id)
+    split = data.tokens
+    # every token once, but for one-token pieces (nothing to predict)
+    assert int(data.lengths.sum()) + data.dropped_tokens == split.num_tokens and data.lengths.max() <= 16
+    assert data.lengths.min() >= 2
+    batch = data.collate([data[i] for i in range(3)])
+    width = batch["input_ids"].shape[1]
+    assert width % 8 == 0 and width >= max(int(n) for n in data.lengths[:3])
+    assert ((batch["labels"] == -100) == (batch["attention_mask"] == 0)).all()
+    assert (batch["input_ids"][batch["attention_mask"] == 0] == info.pad_id).all()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_model_types_build_and_respect_document_boundaries(model_type, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from moai.tokens import position_ids
+    from moai.train import build_model
+
+    t = train_cfg(model_config={"model_type": model_type, "hidden_size": 32, "intermediate_size": 64,
+                                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "max_position_embeddings": 64})
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    model = build_model(t, len(tok), tok).eval()
+    assert model.config.model_type == model_type and model.config.vocab_size == len(tok)
+    docs = [torch.randint(0, len(tok), (n,)) for n in (6, 4, 9)]
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    pos = torch.from_numpy(position_ids(0, int(offsets[-1]), offsets))[None]
+    with torch.no_grad():
+        together = model(input_ids=torch.cat(docs)[None], position_ids=pos, use_cache=False).logits[0]
+        apart = torch.cat([model(input_ids=d[None], use_cache=False).logits[0] for d in docs])
+    assert torch.allclose(together, apart, atol=1e-5)
