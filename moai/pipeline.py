@@ -25,9 +25,6 @@ from moai.store import Store, stage_key
 
 log = logging.getLogger(__name__)
 
-STAGES = ("convert", "filter", "save", "tokenizer", "tokenize", "pack")
-
-
 @dataclass(frozen=True)
 class StageResult:
     """What a stage hands downstream: where its output is, its key, its report, and whether it was built now."""

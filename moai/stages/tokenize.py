@@ -34,7 +34,7 @@ import numpy as np
 
 from moai.stages.tokenizer import TokenizerInfo
 from moai.tiktoken_bpe import NotExpressible, TiktokenEncoder, TiktokenSpec, first_mismatch, spec_from_tokenizer_json
-from moai.textio import MappedTable, open_split_table, text_batches
+from moai.textio import MappedTable, open_split_table
 from moai.tokens import STORE_FORMAT
 
 log = logging.getLogger(__name__)
