@@ -154,7 +154,9 @@ class TrainConfig(_Model):
     num_processes: int | None = Field(None, ge=1, description="Processes per machine (None: one per GPU, or 1).")
     mixed_precision: Literal["no", "bf16", "fp16"] | None = Field(None, description="None: bf16 on a GPU that has it.")
     compile: bool = False
-    attn_implementation: str = "sdpa"
+    attn_implementation: str | None = Field(
+        None, description="None: flex_attention on CUDA with packed rows (document masking at flash speed), else sdpa."
+    )
     tracker: Literal["tensorboard", "mlflow", "none"] = "tensorboard"
     num_machines: int = Field(1, ge=1)
     machine_rank: int = Field(0, ge=0)

@@ -81,6 +81,15 @@ def test_config_rules_for_train():
         parse_config({**BASE, "train": {"model_config": "c.json", "num_machines": 2}})
 
 
+def test_attention_choice():
+    from moai.train import attention_kind
+
+    assert attention_kind(train_cfg(), cuda=True, packed=True) == "flex_attention"
+    assert attention_kind(train_cfg(), cuda=True, packed=False) == "sdpa"
+    assert attention_kind(train_cfg(), cuda=False, packed=True) == "sdpa"
+    assert attention_kind(train_cfg(attn_implementation="eager"), cuda=True, packed=True) == "eager"
+
+
 def test_flops_and_peak():
     from transformers import LlamaConfig
 
