@@ -200,10 +200,7 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
     results["filter"] = run(filter_task, "filter", pipe.key("filter", results["convert"].key), results["convert"])
     results["save"] = run(save_task, "save", pipe.key("save", results["filter"].key), results["filter"])
     tok_key = pipe.tokenizer_key(results["save"].key)
-    if config.tokenizer.train is None:
-        results["tokenizer"] = tokenizer_task(config, tok_key, results["save"])
-    else:
-        results["tokenizer"] = run(tokenizer_task, "tokenizer", tok_key, results["save"])
+    results["tokenizer"] = run(tokenizer_task, "tokenizer", tok_key, results["save"])
     results["tokenize"] = run(tokenize_task, "tokenize", pipe.key("tokenize", results["save"].key, tok_key),
                               results["save"], results["tokenizer"])
     if config.pack.enabled:

@@ -105,21 +105,21 @@ class Pipeline:
             self.config.split, Path(filtered.path), out, max_shard_size=self.config.save.max_shard_size))
 
     def tokenizer_key(self, saved_key: str) -> str:
-        """Key of the tokenizer: its files' fingerprint when given, the stage key when trained."""
+        """Key of the tokenizer stage: a given tokenizer chains from its files' fingerprint (not
+        from the text), a trained one from the saved text."""
         tcfg = self.config.tokenizer
         if tcfg.train is None:
-            return tokenizer_mod.tokenizer_fingerprint(tcfg)
+            return self.key("tokenizer", tokenizer_mod.tokenizer_fingerprint(tcfg))
         return self.key("tokenizer", saved_key)
 
     def tokenizer(self, saved: StageResult) -> StageResult:
+        """A given tokenizer is checked once and copied into the store (so the token store's
+        tokenizer cannot change under it); a trained one is trained once. Reruns read the manifest."""
         tcfg = self.config.tokenizer
         key = self.tokenizer_key(saved.key)
         if tcfg.train is None:
-            tok = tokenizer_mod.load_tokenizer(tcfg.path, tcfg.trust_remote_code)
-            info = tokenizer_mod.describe(tok, tcfg.path, key)
-            report = {"source": "given", "vocab_size": info.vocab_size, "eos_id": info.eos_id, "pad_id": info.pad_id,
-                      "warnings": info.warnings, "seconds": 0.0}
-            return StageResult("tokenizer", key, str(Path(tcfg.path).expanduser()), report, built=False)
+            return self._run("tokenizer", key, [tcfg.path], lambda out: tokenizer_mod.adopt_tokenizer(
+                tcfg.path, out, trust_remote_code=tcfg.trust_remote_code))
         return self._run("tokenizer", key, [saved.key], lambda out: tokenizer_mod.train_tokenizer(
             tcfg.train, Path(saved.path), out, batch_size=self.plan.batch_size.value))
 
@@ -129,7 +129,7 @@ class Pipeline:
             return self._run("tokenize", key, [saved.key, tok.key], _never)
         tcfg = self.config.tokenizer
         loaded = tokenizer_mod.load_tokenizer(tok.path, tcfg.trust_remote_code and tcfg.train is None)
-        info = tokenizer_mod.describe(loaded, tok.path, tok.key)
+        info = tokenizer_mod.describe(loaded, self.config.tokenizer.path or tok.path, tok.key)
         p = self.plan
         return self._run("tokenize", key, [saved.key, tok.key], lambda out: tokenize_mod.tokenize(
             info, Path(saved.path), out, num_proc=p.num_proc.value, threads_per_proc=p.threads_per_proc.value,

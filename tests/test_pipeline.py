@@ -2,6 +2,7 @@
 only what is downstream of it; a warm rerun builds nothing."""
 
 import json
+from pathlib import Path
 
 import datasets
 
@@ -43,7 +44,7 @@ def test_prepare_end_to_end_then_warm(tmp_path, corpus):
 def test_one_setting_rebuilds_only_downstream(tmp_path, corpus, tokenizer_dir):
     base = config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)})
     first = prepare(parse_config(base), progress=False)
-    assert built(first) == {"convert", "filter", "save", "tokenize", "pack"}  # tokenizer given, not built
+    assert built(first) == {"convert", "filter", "save", "tokenizer", "tokenize", "pack"}  # given tokenizer copied in
 
     seq = prepare(parse_config({**base, "pack": {"seq_len": 32}}), progress=False)
     assert built(seq) == {"pack"}
@@ -57,7 +58,7 @@ def test_one_setting_rebuilds_only_downstream(tmp_path, corpus, tokenizer_dir):
     # the source's content is the root of every key
     corpus.write_text(corpus.read_text() + json.dumps({"text": "one more document"}) + "\n")
     grown = prepare(parse_config(base), progress=False)
-    assert built(grown) == {"convert", "filter", "save", "tokenize", "pack"}
+    assert built(grown) == {"convert", "filter", "save", "tokenize", "pack"}  # same tokenizer files: reused
     assert grown["num_documents"] == first["num_documents"] + 1
 
 
@@ -69,3 +70,17 @@ def test_validation_split_is_disjoint_and_complete(tmp_path, corpus, tokenizer_d
     assert saved["train"].num_rows + saved["validation"].num_rows == filtered.num_rows
     assert abs(saved["validation"].num_rows - round(0.1 * filtered.num_rows)) <= 1
     assert sorted(list(saved["train"]["text"]) + list(saved["validation"]["text"])) == sorted(filtered["text"])
+
+
+def test_a_changed_tokenizer_rebuilds_tokenize_not_text(tmp_path, corpus, tokenizer_dir, bos_tokenizer_dir):
+    import shutil
+
+    mine = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, mine)
+    base = config_dict(tmp_path, corpus, {"path": str(mine)})
+    first = prepare(parse_config(base), progress=False)
+    shutil.rmtree(mine)
+    shutil.copytree(bos_tokenizer_dir, mine)  # same path, other content
+    second = prepare(parse_config(base), progress=False)
+    assert built(second) == {"tokenizer", "tokenize", "pack"}
+    assert second["tokenizer"] != first["tokenizer"] and Path(first["tokenizer"]).is_dir()  # old copy kept

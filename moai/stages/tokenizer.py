@@ -111,6 +111,16 @@ def tokenizer_fingerprint(cfg: TokenizerConfig) -> str:
     return "hub:" + cfg.path + ":" + hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:32]
 
 
+def adopt_tokenizer(name_or_path: str, out_dir: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Check a given tokenizer (fast, EOS, PAD) and save a copy of it in `out_dir`."""
+    started = time.perf_counter()
+    tok = load_tokenizer(name_or_path, trust_remote_code)
+    info = describe(tok, name_or_path, "")
+    tok.save_pretrained(str(out_dir))
+    return {"source": name_or_path, "vocab_size": info.vocab_size, "eos_id": info.eos_id, "pad_id": info.pad_id,
+            "warnings": info.warnings, "seconds": round(time.perf_counter() - started, 3)}
+
+
 def build_bpe(texts, vocab_size: int, min_frequency: int = 2, length: int | None = None):
     """Train a byte-level BPE (GPT-2 style split, EOS and PAD specials) on an iterator of text batches."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
