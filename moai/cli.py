@@ -5,6 +5,9 @@
                            the last stdout line is one JSON object with the output paths
     moai train CONFIG      prepare, then `accelerate launch python -m moai.train`
     moai doctor [CONFIG]   check the set-up: pass/warn/fail with a fix for each
+    moai tokenize-shard CONFIG --shard-index I --num-shards N
+                           one unit of the tokenize stage (a Slurm array task)
+    moai merge CONFIG      publish the token store from the units, then pack
 
 CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
 """
@@ -62,6 +65,23 @@ def _train_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard_cmd(args: argparse.Namespace) -> int:
+    from moai.pipeline import Pipeline, text_and_tokenizer
+
+    config = resolve_config(args.config)
+    p = Pipeline(config, progress=False)
+    done = text_and_tokenizer(p)
+    print(json.dumps(p.tokenize_shard(done["save"], done["tokenizer"], args.shard_index, args.num_shards)))
+    return 0
+
+
+def _merge_cmd(args: argparse.Namespace) -> int:
+    from moai.pipeline import merge
+
+    print(json.dumps(merge(resolve_config(args.config), args.num_shards)))
+    return 0
+
+
 def _doctor_cmd(args: argparse.Namespace) -> int:
     from moai.doctor import evaluate, gather
 
@@ -94,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_train_cmd)
+    p = sub.add_parser("tokenize-shard", help="one unit of the tokenize stage (Slurm array task); safe to rerun")
+    p.add_argument("config", help="config file (YAML/JSON) or preset name")
+    p.add_argument("--shard-index", type=int, required=True)
+    p.add_argument("--num-shards", type=int, required=True)
+    p.set_defaults(func=_shard_cmd)
+    p = sub.add_parser("merge", help="publish the token store from all tokenize-shard units, then pack")
+    p.add_argument("config", help="config file (YAML/JSON) or preset name")
+    p.add_argument("--num-shards", type=int, help="to name the shards that still have to run")
+    p.set_defaults(func=_merge_cmd)
     p = sub.add_parser("doctor", help="check this machine's set-up; non-zero exit on any failure")
     p.add_argument("config", nargs="?", help="config file or preset to check the tokenizer and plan of")
     p.set_defaults(func=_doctor_cmd)

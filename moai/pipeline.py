@@ -127,14 +127,39 @@ class Pipeline:
         key = self.key("tokenize", saved.key, tok.key)
         if self.store.exists("tokenize", key):
             return self._run("tokenize", key, [saved.key, tok.key], _never)
-        tcfg = self.config.tokenizer
-        loaded = tokenizer_mod.load_tokenizer(tok.path, tcfg.trust_remote_code and tcfg.train is None)
-        info = tokenizer_mod.describe(loaded, self.config.tokenizer.path or tok.path, tok.key)
+        info = self._tokenizer_info(tok)
         p = self.plan
         return self._run("tokenize", key, [saved.key, tok.key], lambda out: tokenize_mod.tokenize(
             info, Path(saved.path), out, num_proc=p.num_proc.value, threads_per_proc=p.threads_per_proc.value,
             batch_size=p.batch_size.value, engine=self.config.tokenize.engine, progress=self.progress,
             on_progress=(lambda f: self.on_progress("tokenize", f)) if self.on_progress else None))
+
+    def _tokenizer_info(self, tok: StageResult):
+        tcfg = self.config.tokenizer
+        loaded = tokenizer_mod.load_tokenizer(tok.path, tcfg.trust_remote_code and tcfg.train is None)
+        return tokenizer_mod.describe(loaded, tcfg.path or tok.path, tok.key)
+
+    def tokenize_shard(self, saved: StageResult, tok: StageResult, shard_index: int, num_shards: int) -> dict[str, Any]:
+        """One unit of the tokenize stage (see `moai.shards`); the merged store is `tokenize_merged`."""
+        from moai import shards
+
+        key = self.key("tokenize", saved.key, tok.key)
+        p = self.plan
+        return shards.run_shard(self.store, key, self._tokenizer_info(tok), Path(saved.path), shard_index=shard_index,
+                                num_shards=num_shards, batch_size=p.batch_size.value,
+                                threads=p.threads_per_proc.value * p.num_proc.value,
+                                engine=self.config.tokenize.engine)
+
+    def tokenize_merged(self, saved: StageResult, tok: StageResult, num_shards: int | None = None) -> StageResult:
+        """Publish the token store from the shards' parts; the same key and folder as `tokenize`."""
+        from moai import shards
+
+        key = self.key("tokenize", saved.key, tok.key)
+        if self.store.exists("tokenize", key):
+            return self._run("tokenize", key, [saved.key, tok.key], _never)
+        info = self._tokenizer_info(tok)
+        return self._run("tokenize", key, [saved.key, tok.key], lambda out: shards.merge(
+            self.store, key, info, Path(saved.path), out, num_shards))
 
     def pack(self, tokens: StageResult) -> StageResult:
         key = self.key("pack", tokens.key)
@@ -162,15 +187,31 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
     }
 
 
-def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run every data stage (no Prefect) and return `summary`."""
-    p = Pipeline(config, plan=plan, progress=progress)
+def text_and_tokenizer(p: Pipeline) -> dict[str, StageResult]:
+    """convert → filter → save → tokenizer: what every way of tokenizing starts from."""
     results: dict[str, StageResult] = {}
     results["convert"] = p.convert(p.source_fingerprint())
     results["filter"] = p.filter(results["convert"])
     results["save"] = p.save(results["filter"])
     results["tokenizer"] = p.tokenizer(results["save"])
+    return results
+
+
+def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run every data stage (no Prefect) and return `summary`."""
+    p = Pipeline(config, plan=plan, progress=progress)
+    results = text_and_tokenizer(p)
     results["tokenize"] = p.tokenize(results["save"], results["tokenizer"])
+    if config.pack.enabled:
+        results["pack"] = p.pack(results["tokenize"])
+    return summary(results)
+
+
+def merge(config: PipelineConfig, num_shards: int | None = None) -> dict[str, Any]:
+    """Publish the token store from tokenize-shard units, then pack; return `summary`."""
+    p = Pipeline(config, progress=False)
+    results = text_and_tokenizer(p)
+    results["tokenize"] = p.tokenize_merged(results["save"], results["tokenizer"], num_shards)
     if config.pack.enabled:
         results["pack"] = p.pack(results["tokenize"])
     return summary(results)

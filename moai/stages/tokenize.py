@@ -250,6 +250,40 @@ def _pipelined(items, fn, ahead: int = 2):
             yield pending.popleft().result()
 
 
+def plan_parts(info: TokenizerInfo, text_dir: Path, out_dir: Path, batch_size: int) -> list[PartJob]:
+    """Every part of every split, in order, writing under out_dir/<split>/."""
+    dtype = token_dtype(info.vocab_size)
+    jobs: list[PartJob] = []
+    for split in SPLITS:
+        sizes = _text_bytes(open_split_table(text_dir, split))
+        for i, (lo, hi) in enumerate(part_ranges(sizes)):
+            jobs.append(PartJob(str(text_dir), split, i, lo, hi, str(out_dir), dtype.str, info.eos_id, batch_size))
+    return jobs
+
+
+def write_store_meta(info: TokenizerInfo, out_dir: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write tokens.json for the parts in `results`; return its per-split summary."""
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        parts = sorted((r for r in results if r["split"] == split), key=lambda r: r["index"])
+        splits[split] = {
+            "num_tokens": sum(p["num_tokens"] for p in parts),
+            "num_documents": sum(p["num_documents"] for p in parts),
+            "parts": [{k: p[k] for k in ("bin", "idx", "num_tokens", "num_documents")} for p in parts],
+        }
+    meta = {
+        "format": STORE_FORMAT,
+        "dtype": token_dtype(info.vocab_size).str,
+        "eos_id": info.eos_id,
+        "vocab_size": info.vocab_size,
+        "tokenizer": info.name_or_path,
+        "tokenizer_fingerprint": info.fingerprint,
+        "splits": splits,
+    }
+    (out_dir / "tokens.json").write_text(json.dumps(meta, indent=2))
+    return splits
+
+
 def _peak_rss_mb() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -277,12 +311,9 @@ def tokenize(
     spec, engine_reason = choose_engine(engine, info, _sample_texts(text_dir, VERIFY_DOCUMENTS, VERIFY_BYTES), threads_per_proc)
     started = time.perf_counter()
     dtype = token_dtype(info.vocab_size)
-    jobs: list[PartJob] = []
+    jobs = plan_parts(info, text_dir, out_dir, batch_size)
     for split in SPLITS:
-        sizes = _text_bytes(open_split_table(text_dir, split))
         (out_dir / split).mkdir(parents=True, exist_ok=True)
-        for i, (lo, hi) in enumerate(part_ranges(sizes)):
-            jobs.append(PartJob(str(text_dir), split, i, lo, hi, str(out_dir), dtype.str, info.eos_id, batch_size))
     total_docs = sum(j.stop - j.start for j in jobs)
     num_proc = max(1, min(num_proc, len(jobs)))
 
@@ -321,24 +352,7 @@ def tokenize(
         _state.clear()  # drop this process's tokenizer and table maps (inline mode)
 
     seconds = time.perf_counter() - started
-    splits: dict[str, Any] = {}
-    for split in SPLITS:
-        parts = sorted((r for r in results if r["split"] == split), key=lambda r: r["index"])
-        splits[split] = {
-            "num_tokens": sum(p["num_tokens"] for p in parts),
-            "num_documents": sum(p["num_documents"] for p in parts),
-            "parts": [{k: p[k] for k in ("bin", "idx", "num_tokens", "num_documents")} for p in parts],
-        }
-    meta = {
-        "format": STORE_FORMAT,
-        "dtype": dtype.str,
-        "eos_id": info.eos_id,
-        "vocab_size": info.vocab_size,
-        "tokenizer": info.name_or_path,
-        "tokenizer_fingerprint": info.fingerprint,
-        "splits": splits,
-    }
-    (out_dir / "tokens.json").write_text(json.dumps(meta, indent=2))
+    splits = write_store_meta(info, out_dir, results)
     num_tokens = sum(s["num_tokens"] for s in splits.values())
     own_mb, workers_mb = _peak_rss_mb()
     return {
