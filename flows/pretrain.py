@@ -17,11 +17,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.context import TaskRunContext
 
@@ -82,6 +83,35 @@ def tokenize_task(config: PipelineConfig, key: str, saved: StageResult, tok: Sta
     bar = create_progress_artifact(0.0, key="tokenize-progress", description="tokenize: documents done (%)")
     pipe = Pipeline(config, progress=False, on_progress=lambda stage, f: update_progress_artifact(bar, 100.0 * f))
     return _checked(pipe.tokenize(saved, tok), key)
+
+
+@task(name="tokenize-shard")
+def tokenize_shard_task(config: PipelineConfig, saved: StageResult, tok: StageResult, index: int, num: int) -> dict:
+    return _pipeline(config).tokenize_shard(saved, tok, index, num)
+
+
+@task(name="tokenize-merge", **CACHED)
+def tokenize_merge_task(config: PipelineConfig, key: str, saved: StageResult, tok: StageResult, num: int) -> StageResult:
+    return _checked(_pipeline(config).tokenize_merged(saved, tok, num), key)
+
+
+@flow(name="tokenize-shards")
+def tokenize_shards(config: PipelineConfig, saved: StageResult, tok: StageResult, num: int) -> list[dict]:
+    """The tokenize units mapped over the flow's task runner (Dask when configured)."""
+    futures = tokenize_shard_task.map(unmapped(config), unmapped(saved), unmapped(tok), list(range(num)), unmapped(num))
+    return [f.result() for f in futures]
+
+
+def dask_runner(config: PipelineConfig):
+    """A DaskTaskRunner on the configured scheduler, or on a LocalCluster bound to loopback."""
+    from prefect_dask import DaskTaskRunner
+
+    r = config.runner
+    if r.address:
+        return DaskTaskRunner(address=r.address)
+    workers = r.n_workers or max(1, (os.cpu_count() or 2) // 2)
+    return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
+                                          "host": "127.0.0.1", "dashboard_address": None})
 
 
 @task(name="pack", **CACHED)
@@ -201,8 +231,17 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
     results["save"] = run(save_task, "save", pipe.key("save", results["filter"].key), results["filter"])
     tok_key = pipe.tokenizer_key(results["save"].key)
     results["tokenizer"] = run(tokenizer_task, "tokenizer", tok_key, results["save"])
-    results["tokenize"] = run(tokenize_task, "tokenize", pipe.key("tokenize", results["save"].key, tok_key),
-                              results["save"], results["tokenizer"])
+    tokenize_key = pipe.key("tokenize", results["save"].key, tok_key)
+    if config.runner.kind == "dask" and not pipe.is_published("tokenize", tokenize_key):
+        num = config.runner.num_shards or 4 * (config.runner.n_workers or max(1, (os.cpu_count() or 2) // 2))
+        units = tokenize_shards.with_options(task_runner=dask_runner(config))(
+            config, results["save"], results["tokenizer"], num)
+        log.info("tokenize units: %d parts built, %d reused", sum(u["built"] for u in units),
+                 sum(u["skipped"] for u in units))
+        results["tokenize"] = run(tokenize_merge_task, "tokenize", tokenize_key, results["save"], results["tokenizer"],
+                                  num)
+    else:
+        results["tokenize"] = run(tokenize_task, "tokenize", tokenize_key, results["save"], results["tokenizer"])
     if config.pack.enabled:
         results["pack"] = run(pack_task, "pack", pipe.key("pack", results["tokenize"].key), results["tokenize"])
         create_markdown_artifact(packing_markdown(results["pack"]), key="packing")

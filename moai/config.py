@@ -187,6 +187,15 @@ class ResourcesConfig(_Model):
     mem_budget_gb: float | None = Field(None, gt=0)
 
 
+class RunnerConfig(_Model):
+    """Where the flow runs the tokenize units: in the flow's process, or on a Dask cluster."""
+
+    kind: Literal["local", "dask"] = "local"
+    address: str | None = Field(None, description="tcp://scheduler:8786 of an existing Dask cluster (None: a LocalCluster).")
+    n_workers: int | None = Field(None, ge=1, description="LocalCluster workers (None: one per 2 cores).")
+    num_shards: int | None = Field(None, ge=1, description="Tokenize units (None: 4 per worker).")
+
+
 class PipelineConfig(_Model):
     """Everything one run needs, from raw source to packed samples."""
 
@@ -199,6 +208,7 @@ class PipelineConfig(_Model):
     tokenize: TokenizeConfig = TokenizeConfig()
     pack: PackConfig = PackConfig()
     resources: ResourcesConfig = ResourcesConfig()
+    runner: RunnerConfig = RunnerConfig()
     train: TrainConfig | None = Field(None, description="The training step; None: prepare data only.")
 
 

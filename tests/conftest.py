@@ -112,3 +112,28 @@ def run_offline(code: str, tmp_path: Path):
 
     env = {**subprocess_env(), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     return subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A Prefect test server for the session (telemetry off, heartbeats off, results in a temp dir)."""
+    from prefect.settings import (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_LOCAL_STORAGE_PATH,
+                                  PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings)
+    from prefect.testing.utilities import prefect_test_harness
+
+    storage = tmp_path_factory.mktemp("prefect-storage")
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                             PREFECT_LOCAL_STORAGE_PATH: storage}):
+        with prefect_test_harness(server_startup_timeout=90):
+            yield
+
+
+@pytest.fixture(scope="session")
+def pretrain():
+    """The `pretrain` flow object from flows/pretrain.py."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from flows.pretrain import pretrain as flow
+    finally:
+        sys.path.remove(str(ROOT))
+    return flow

@@ -13,29 +13,6 @@ from moai.config import parse_config
 DATA_STAGES = {"convert", "filter", "save", "tokenizer", "tokenize", "pack"}
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    from prefect.settings import (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_LOCAL_STORAGE_PATH,
-                                  PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings)
-    from prefect.testing.utilities import prefect_test_harness
-
-    storage = tmp_path_factory.mktemp("prefect-storage")
-    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_SERVER_ANALYTICS_ENABLED: False,
-                             PREFECT_LOCAL_STORAGE_PATH: storage}):
-        with prefect_test_harness(server_startup_timeout=90):
-            yield
-
-
-@pytest.fixture(scope="module")
-def pretrain():
-    sys.path.insert(0, str(ROOT))
-    try:
-        from flows.pretrain import pretrain as flow
-    finally:
-        sys.path.remove(str(ROOT))
-    return flow
-
-
 def task_states(flow_state, expected: set[str] = DATA_STAGES, wait_s: float = 20) -> dict[str, str]:
     """Final state name of each task of a flow run, read back from the server (states arrive asynchronously)."""
     import time
