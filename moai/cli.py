@@ -8,6 +8,8 @@
     moai tokenize-shard CONFIG --shard-index I --num-shards N
                            one unit of the tokenize stage (a Slurm array task)
     moai merge CONFIG      publish the token store from the units, then pack
+    moai export-webdataset CONFIG --out DIR [--shard-size 256MB]
+                           packed samples as WebDataset tar shards
 
 CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
 """
@@ -82,6 +84,21 @@ def _merge_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_cmd(args: argparse.Namespace) -> int:
+    from moai.data import export_webdataset
+    from moai.errors import DataError
+    from moai.pipeline import prepare
+
+    config = resolve_config(args.config)
+    prepared = prepare(config, progress=False)
+    if not prepared["sample_index"]:
+        raise DataError("export-webdataset writes packed samples: set pack.enabled: true")
+    manifest = export_webdataset(prepared["sample_index"], args.out, split=args.split, shard_size=args.shard_size)
+    print(json.dumps({k: v for k, v in manifest.items() if k != "shards"} | {"num_shards": len(manifest["shards"]),
+                                                                              "out": str(args.out)}))
+    return 0
+
+
 def _doctor_cmd(args: argparse.Namespace) -> int:
     from moai.doctor import evaluate, gather
 
@@ -123,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--num-shards", type=int, help="to name the shards that still have to run")
     p.set_defaults(func=_merge_cmd)
+    p = sub.add_parser("export-webdataset", help="write packed samples as WebDataset tar shards")
+    p.add_argument("config", help="config file (YAML/JSON) or preset name")
+    p.add_argument("--out", required=True, help="an empty folder for shard-00000.tar, ... and manifest.json")
+    p.add_argument("--shard-size", default="256MB", help="largest shard, e.g. 256MB (default)")
+    p.add_argument("--split", default="train", choices=["train", "validation"])
+    p.set_defaults(func=_export_cmd)
     p = sub.add_parser("doctor", help="check this machine's set-up; non-zero exit on any failure")
     p.add_argument("config", nargs="?", help="config file or preset to check the tokenizer and plan of")
     p.set_defaults(func=_doctor_cmd)
@@ -136,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return args.func(args)
-    except (ConfigError, DataError, TokenizerError) as err:
+    except (ConfigError, DataError, TokenizerError, FileExistsError) as err:
         print(f"moai: error: {err}", file=sys.stderr)
         return 2
 
