@@ -57,6 +57,16 @@ def _train_cmd(args: argparse.Namespace) -> int:
     from moai.pipeline import launch_training, prepare
 
     config = resolve_config(args.config)
+    overrides = {k: getattr(args, k) for k in ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
+                 if getattr(args, k) is not None}
+    if overrides:
+        if config.train is None:
+            raise ConfigError(f"{args.config}: no train section to apply {sorted(overrides)} to")
+        from moai.config import parse_config
+
+        data = config.model_dump(mode="json", by_alias=True)
+        data["train"].update(overrides)
+        config = parse_config(data, origin=f"{args.config} with {overrides}")
     prepared = prepare(config, progress=not args.no_progress)
     try:
         last = launch_training(config, prepared, on_line=lambda line: print(line, flush=True))
@@ -130,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train", help="run the data stages, then accelerate launch the training")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--num-machines", type=int, help="override train.num_machines (multi-node)")
+    p.add_argument("--machine-rank", type=int, help="override train.machine_rank: this node's rank")
+    p.add_argument("--main-process-ip", help="override train.main_process_ip: the rank-0 node")
+    p.add_argument("--main-process-port", type=int, help="override train.main_process_port")
     p.set_defaults(func=_train_cmd)
     p = sub.add_parser("tokenize-shard", help="one unit of the tokenize stage (Slurm array task); safe to rerun")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
