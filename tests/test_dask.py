@@ -1,6 +1,10 @@
 """The flow with `runner: {kind: dask}` maps the tokenize units on a real Dask LocalCluster
 (2 worker processes on loopback) and publishes a token store byte-identical to a local run."""
 
+import contextlib
+
+import pytest
+
 from conftest import config_dict, make_texts, write_jsonl
 from moai.config import parse_config
 from moai.pipeline import prepare
@@ -10,15 +14,23 @@ def files(root):
     return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "_manifest.json"}
 
 
-def test_dask_local_cluster_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("where", ["local-cluster", "scheduler-address"])
+def test_dask_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenizer_dir, where):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(12_000, seed=6) * 3])
     base = config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)})
     local = prepare(parse_config({**base, "cache_dir": str(tmp_path / "local")}), progress=False)
 
-    cfg = parse_config({**base, "cache_dir": str(tmp_path / "dask"),
-                        "runner": {"kind": "dask", "n_workers": 2, "num_shards": 4}})
-    state = pretrain(cfg, return_state=True)
-    assert state.is_completed(), state
+    with contextlib.ExitStack() as stack:
+        runner = {"kind": "dask", "n_workers": 2, "num_shards": 4}
+        if where == "scheduler-address":  # an existing cluster, reached by its address
+            from distributed import LocalCluster
+
+            cluster = stack.enter_context(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                                       host="127.0.0.1", dashboard_address=None))
+            runner = {"kind": "dask", "address": cluster.scheduler_address, "num_shards": 4}
+        cfg = parse_config({**base, "cache_dir": str(tmp_path / "dask"), "runner": runner})
+        state = pretrain(cfg, return_state=True)
+        assert state.is_completed(), state
     result = state.result()
     assert result["num_tokens"] == local["num_tokens"]
     parts = list((tmp_path / "dask" / "tokenize-parts").iterdir())
