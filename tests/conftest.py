@@ -137,3 +137,8 @@ def pretrain():
     finally:
         sys.path.remove(str(ROOT))
     return flow
+
+
+def store_files(root: Path) -> dict[Path, bytes]:
+    """Every file under a store folder with its bytes, manifests (timings) left out."""
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "_manifest.json"}

@@ -5,13 +5,9 @@ import contextlib
 
 import pytest
 
-from conftest import config_dict, make_texts, write_jsonl
+from conftest import store_files as files, config_dict, make_texts, write_jsonl
 from moai.config import parse_config
 from moai.pipeline import prepare
-
-
-def files(root):
-    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "_manifest.json"}
 
 
 @pytest.mark.parametrize("where", ["local-cluster", "scheduler-address"])

@@ -7,7 +7,7 @@ import subprocess
 
 import yaml
 
-from conftest import PYTHON, config_dict, make_texts, subprocess_env, write_jsonl
+from conftest import store_files as files, PYTHON, config_dict, make_texts, subprocess_env, write_jsonl
 from moai.config import parse_config
 from moai.pipeline import prepare
 
@@ -15,10 +15,6 @@ from moai.pipeline import prepare
 def moai(*args, cwd):
     return subprocess.run([PYTHON, "-m", "moai.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env=subprocess_env(), timeout=300)
-
-
-def files(root):
-    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "_manifest.json"}
 
 
 def test_shards_in_any_order_merge_to_the_local_store(tmp_path, tokenizer_dir):
