@@ -122,10 +122,11 @@ def _explicit(name: str, config_value: Any, env: dict[str, int]) -> Decision | N
     return None
 
 
-# One encode_batch stops scaling past a few Rayon threads, while processes with few threads
-# each keep scaling (../shared/FIELD-NOTES.md): on small machines one process holds all cores
-# (no start-up cost), on bigger ones every process gets this many threads.
-THREADS_PER_PROC_MANY_CORES = 2
+# On small machines one process holds all cores (no worker start-up). On bigger ones every
+# process gets this many Rayon threads. Measured on 16 cores (100 MB of code/docs, 32k BPE,
+# tokens/s as a fraction of one 16-thread encode_batch): tokenizers 16×1 0.33, 8×2 0.38–0.56,
+# 4×4 0.46–0.54; tiktoken 16×1 0.35, 8×2 0.46–0.58, 4×4 0.75–0.80.
+THREADS_PER_PROC_MANY_CORES = 4
 SMALL_MACHINE_CORES = 4
 # Memory a tokenize worker holds beyond its batch (interpreter, tokenizer, Arrow maps).
 WORKER_BASE_GB = 0.4

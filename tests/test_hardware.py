@@ -18,10 +18,11 @@ def hw(cores=2, mem=16.0, gpus=()):
     (1, 8.0, 1, 1),
     (2, 16.0, 1, 2),
     (4, 16.0, 1, 4),
-    (16, 128.0, 8, 2),
-    (64, 512.0, 32, 2),
+    (16, 128.0, 4, 4),
+    (64, 512.0, 16, 4),
     (16, 1.0, 1, 16),     # memory budget 0.5 GB caps the workers
-    (16, 2.0, 2, 8),
+    (16, 0.8, 1, 16),
+    (32, 2.0, 2, 16),
 ])
 def test_processes_and_threads(cores, mem, procs, threads):
     p = plan(hw(cores, mem), cfg())
