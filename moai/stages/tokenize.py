@@ -78,7 +78,10 @@ def _sample_texts(text_dir: Path, n: int, max_bytes: int) -> list[str]:
     mean = max(1.0, float(sizes.mean()))
     n = max(1, min(n, table.num_rows, int(max_bytes / mean)))
     rows = np.unique(np.linspace(0, table.num_rows - 1, num=n).astype(np.int64))
-    return table.column(0).take(rows).fill_null("").to_pylist()
+    # Row by row: `take` on a chunked string column concatenates the chunks first, which reads
+    # (and copies) the whole corpus; this reads the sampled rows only.
+    column = table.column(0)
+    return [column[int(r)].as_py() or "" for r in rows]
 
 
 def part_ranges(text_bytes: np.ndarray) -> list[tuple[int, int]]:
