@@ -44,7 +44,7 @@ def engine(request, tok):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(texts=st.lists(UNICODE_TEXT | st.sampled_from(["<eos>", "a<pad>b", " <bos> x"]), min_size=1, max_size=12))
+@given(texts=st.lists(UNICODE_TEXT | st.sampled_from(["<eos>", "a<pad>b", " <bos> x", "   ", " \n\t ", ""]), min_size=1, max_size=12))
 def test_ids_equal_hf_tokenizer_plus_eos(tok, engine, texts):
     hf, info = tok
     tk._init(info.backend_json, None, engine, 2)

@@ -47,6 +47,7 @@ PART_MIN_BYTES = 1 << 20  # few files for small data
 VERIFY_DOCUMENTS = 2000
 VERIFY_BYTES = 2 << 20
 BATCH_MAX_BYTES = 4 << 20  # text per encode call, whatever the document count
+WARM_UP_DOCUMENTS = 64
 
 
 def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], threads: int) -> tuple[TiktokenSpec | None, str]:
@@ -131,8 +132,10 @@ class PartJob:
 _state: dict[str, Any] = {}
 
 
-def _init(backend_json: str, rayon_threads: int | None, spec: TiktokenSpec | None = None, threads: int = 1) -> None:
-    """Set up this process's encoder: tiktoken when given its spec, else tokenizers."""
+def _init(backend_json: str, rayon_threads: int | None, spec: TiktokenSpec | None = None, threads: int = 1,
+          warm_up: list[str] | None = None) -> None:
+    """Set up this process's encoder: tiktoken when given its spec, else tokenizers; then encode
+    the warm-up texts once (thread pools, caches) so timing starts warm."""
     if rayon_threads is not None:
         # Read by Rayon when its pool first starts, which is after this in a fresh worker.
         os.environ["RAYON_NUM_THREADS"] = str(rayon_threads)
@@ -144,6 +147,8 @@ def _init(backend_json: str, rayon_threads: int | None, spec: TiktokenSpec | Non
         tok = Tokenizer.from_str(backend_json)
         _state["encode"] = lambda texts: [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=True)]
     _state["tables"] = {}
+    if warm_up:
+        _state["encode"](warm_up)
 
 
 def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -310,15 +315,18 @@ def tokenize(
 
     log.info("tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
              info.name_or_path, info.vocab_size, info.eos_id)
-    # Choosing the engine encodes a sample with both: it doubles as the warm-up before timing.
-    spec, engine_reason = choose_engine(engine, info, _sample_texts(text_dir, VERIFY_DOCUMENTS, VERIFY_BYTES), threads_per_proc)
-    started = time.perf_counter()
+    sample = _sample_texts(text_dir, VERIFY_DOCUMENTS, VERIFY_BYTES)
+    spec, engine_reason = choose_engine(engine, info, sample, threads_per_proc)
     dtype = token_dtype(info.vocab_size)
     jobs = plan_parts(info, text_dir, out_dir, batch_size)
     for split in SPLITS:
         (out_dir / split).mkdir(parents=True, exist_ok=True)
     total_docs = sum(j.stop - j.start for j in jobs)
     num_proc = max(1, min(num_proc, len(jobs)))
+    warm_up = sample[:WARM_UP_DOCUMENTS]
+    if num_proc == 1:  # workers warm up in their initializer, before their first part
+        _init(info.backend_json, None, spec, threads_per_proc, warm_up)
+    started = time.perf_counter()
 
     bar = tqdm(total=total_docs, unit="doc", desc="tokenize", disable=not progress, mininterval=0.5)
     done_tokens = done_docs = 0
@@ -339,12 +347,11 @@ def tokenize(
     results: list[dict[str, int]] = []
     try:
         if num_proc == 1:
-            _init(info.backend_json, None, spec, threads_per_proc)
             results = _encode_parts(jobs, on_batch=advance)
         else:
             ctx = get_context("spawn")
             with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_init,
-                                     initargs=(info.backend_json, threads_per_proc, spec, threads_per_proc)) as pool:
+                                     initargs=(info.backend_json, threads_per_proc, spec, threads_per_proc, warm_up)) as pool:
                 futures = {pool.submit(_encode_part, job): job for job in jobs}
                 for fut in as_completed(futures):
                     r = fut.result()
