@@ -125,7 +125,7 @@ def _explicit(name: str, config_value: Any, env: dict[str, int]) -> Decision | N
 # On small machines one process holds all cores (no worker start-up). On bigger ones every
 # process gets this many Rayon threads. Measured on 16 cores (100 MB of code/docs, 32k BPE,
 # tokens/s as a fraction of one 16-thread encode_batch): tokenizers 16×1 0.33, 8×2 0.38–0.56,
-# 4×4 0.46–0.54; tiktoken 16×1 0.35, 8×2 0.46–0.58, 4×4 0.75–0.80.
+# 4×4 0.44–0.54; tiktoken 16×1 0.35, 8×2 0.46–0.58, 4×4 0.65–0.80.
 THREADS_PER_PROC_MANY_CORES = 4
 SMALL_MACHINE_CORES = 4
 # Memory a tokenize worker holds beyond its batch (interpreter, tokenizer, Arrow maps).
