@@ -9,7 +9,7 @@ import pytest
 from conftest import write_jsonl
 from moai.config import parse_config
 from moai.errors import DataError
-from moai.stages.convert import convert, source_fingerprint
+from moai.stages.convert import convert
 from moai.stages.filter import filter_text
 from moai.textio import open_text
 

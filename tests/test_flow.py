@@ -2,12 +2,10 @@
 deleted output is rebuilt instead of returned."""
 
 import shutil
-import sys
 from pathlib import Path
 
-import pytest
 
-from conftest import ROOT, config_dict
+from conftest import config_dict
 from moai.config import parse_config
 
 DATA_STAGES = {"convert", "filter", "save", "tokenizer", "tokenize", "pack"}

@@ -2,7 +2,6 @@
 
 import ast
 import subprocess
-from pathlib import Path
 
 from conftest import PYTHON, ROOT, subprocess_env
 

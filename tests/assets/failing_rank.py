@@ -1,6 +1,5 @@
 """Stands in for moai.train in a real `accelerate launch`: rank 1 fails after a second, rank 0 would run on."""
 
-import os
 import time
 
 import torch.distributed as dist
