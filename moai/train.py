@@ -19,6 +19,7 @@ RESOLVED.json is written by `moai.launch.resolve`: the pipeline config plus the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -471,7 +472,7 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
             # real tokens only: padding (unpacked mode) is not work done
             window_tokens += batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
             sync = micro == t.grad_accum_steps - 1
-            with accelerator.no_sync(model) if not sync and world > 1 else _null():
+            with accelerator.no_sync(model) if not sync and world > 1 else contextlib.nullcontext():
                 with accelerator.autocast():
                     loss = model(**batch, use_cache=False).loss / t.grad_accum_steps
                 accelerator.backward(loss)
@@ -526,14 +527,6 @@ def _eval_line(model, accelerator, val_data, t, state, metrics) -> dict[str, Any
     line = {"step": state.step, "eval_loss": round(loss, 6), "eval_ppl": round(math.exp(min(loss, 50)), 4)}
     metrics.write(line)
     return line
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def guarded(fn, *args):
