@@ -137,3 +137,74 @@ def test_everything_filtered_out_is_an_error(tmp_path):
     cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"}}).filter
     with pytest.raises(DataError, match=r"every one of 2 rows was filtered out"):
         filter_text(cfg, conv, out, batch_size=4, max_shard_size="1MB")
+
+
+@pytest.mark.parametrize("value, kind", [
+    (["a", "b"], r"a list, not text: \['a', 'b'\]"),
+    ({"k": 1}, r"a dict, not text: \{'k': 1\}"),
+    (3, "an int, not text: 3"),
+    (1.5, "a float, not text: 1.5"),
+    (True, "a bool, not text: True"),
+])
+def test_text_field_that_is_not_text_is_a_bad_row(tmp_path, value, kind):
+    f = write_jsonl(tmp_path / "n.jsonl", [{"text": "ok"}, {"text": value}, {"text": None}, {"text": "fine"}])
+    with pytest.raises(DataError, match=rf"n\.jsonl:2: source\.text_field 'text' holds {kind} \(set source\.on_bad_rows"):
+        run(src(f), tmp_path)
+    report, texts = run(src(f, on_bad_rows="skip"), tmp_path)
+    assert texts == ["ok", "", "fine"]  # null stays an empty text, for the filter to drop as empty
+    assert report["dropped"] == {"not_text": 1} and report["rows_in"] == 4 and report["rows_out"] == 3
+
+
+def test_parquet_list_and_binary_columns_are_not_text(tmp_path):
+    lists = tmp_path / "lists.parquet"
+    pq.write_table(pa.table({"text": pa.array([["a", "b"], None, ["c"]], pa.list_(pa.string()))}), lists)
+    with pytest.raises(DataError, match=r"lists\.parquet:row 0: source\.text_field 'text' holds a list, not text: \['a', 'b'\]"):
+        run(src(lists), tmp_path)
+    report, texts = run(src(lists, on_bad_rows="skip"), tmp_path)
+    assert texts == [""] and report["dropped"] == {"not_text": 2}
+
+    blobs = tmp_path / "blobs.parquet"
+    pq.write_table(pa.table({"text": pa.array([b"caf\xc3\xa9", None, b"x"], pa.binary())}), blobs)
+    with pytest.raises(DataError, match=r"blobs\.parquet:row 0: source\.text_field 'text' holds bytes, not text: b'caf\\xc3"):
+        run(src(blobs), tmp_path)
+    report, texts = run(src(blobs, on_bad_rows="skip"), tmp_path)
+    assert texts == [""] and report["dropped"] == {"not_text": 2}
+
+
+def test_template_formats_text_and_numbers_only(tmp_path):
+    f = write_jsonl(tmp_path / "t.jsonl", [
+        {"q": "Q", "score": 3}, {"q": "Q", "score": 0.5}, {"q": None, "score": 1},
+        {"q": ["a"], "score": 1}, {"q": "Q", "score": True}, {"q": {"x": 1}, "score": 2}, {"q": "Q", "score": None},
+    ])
+    template = "{q} / Score: {score}"
+    with pytest.raises(DataError, match=r"t\.jsonl:4: source\.text_template field 'q' holds a list, not text or a number: \['a'\]"):
+        run(src(f, text_template=template), tmp_path)
+    report, texts = run(src(f, text_template=template, on_bad_rows="skip"), tmp_path)
+    assert texts == ["Q / Score: 3", "Q / Score: 0.5", " / Score: 1", "Q / Score: "]
+    assert report["dropped"] == {"not_text": 3}
+
+    with pytest.raises(DataError, match=r"t\.jsonl:5: source\.text_template field 'score' holds a bool"):
+        write_jsonl(f, [{"q": "Q", "score": 1}] * 4 + [{"q": "Q", "score": False}])
+        run(src(f, text_template=template), tmp_path)
+
+
+def test_template_may_index_into_lists_and_dicts(tmp_path):
+    f = write_jsonl(tmp_path / "c.jsonl", [
+        {"turns": ["hi", "yo"], "meta": {"title": "T"}},
+        {"turns": [["x"]], "meta": {"title": "T"}},
+        {"turns": ["a"], "meta": {"title": None}},
+    ])
+    template = "{turns[0]} -> {meta[title]}"
+    with pytest.raises(DataError, match=r"c\.jsonl:2: source\.text_template field 'turns\[0\]' holds a list"):
+        run(src(f, text_template=template), tmp_path)
+    report, texts = run(src(f, text_template=template, on_bad_rows="skip"), tmp_path)
+    assert texts == ["hi -> T", "a -> "] and report["dropped"] == {"not_text": 1}
+
+
+def test_template_bytes_from_parquet_are_not_text(tmp_path):
+    p = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"q": ["Q", "R"], "body": pa.array([b"x", None], pa.binary())}), p)
+    with pytest.raises(DataError, match=r"b\.parquet:row 0: source\.text_template field 'body' holds bytes, not text or a number: b'x'"):
+        run(src(p, text_template="{q}: {body}"), tmp_path)
+    report, texts = run(src(p, text_template="{q}: {body}", on_bad_rows="skip"), tmp_path)
+    assert texts == ["R: "] and report["dropped"] == {"not_text": 1}

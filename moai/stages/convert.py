@@ -1,10 +1,17 @@
 """convert: read the source (local files or a hub dataset) and build one `text` column.
 
 Local formats by extension: `.jsonl`/`.ndjson` (one object a line), `.json` (JSON lines, or one
-array of objects), `.parquet`, `.csv`, `.txt` (by line, paragraph or whole file). JSON lines are
-parsed one by one so that a bad row is reported with its file and line number, or, with
-`source.on_bad_rows: skip`, skipped and counted by reason. The text comes from `text_field` or
-from `text_template` formatted over the row's fields.
+array of objects), `.parquet`, `.csv`, `.txt` (by line, paragraph or whole file). The text comes
+from `text_field` or from `text_template` formatted over the row's fields.
+
+A bad row is a row that cannot give a text: invalid UTF-8, malformed JSON, a JSON value that is
+not an object, a missing field, or a value that is not text. A text field must hold a string
+(null gives an empty text, which the filter drops as empty); a list, dict, bytes, number or bool
+there is a bad row (`not_text`), because its `str()` is a Python repr, not the document. A
+template formats strings and numbers ("Score: {score}") and null as ""; a list, dict, bytes or
+bool it would format is a bad row too. With `source.on_bad_rows: error` (the default) the first
+bad row stops convert with a `DataError` naming its file and line or row; with `skip` bad rows
+are skipped and counted by reason in the report's `dropped`.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import functools
 import glob
 import json
 import logging
+import string
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,7 +33,7 @@ from moai.textio import write_text_dataset
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # 2: a value that is not text is a bad row, no longer its repr
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "txt"}
 
 
@@ -93,22 +101,80 @@ class _Rows:
 
 def _text_of(row: dict[str, Any], source: SourceConfig, rows: _Rows, where: str) -> str | None:
     if source.text_field is not None:
-        if source.text_field not in row:
-            rows.bad(
-                "missing_field", where,
-                f"no field {source.text_field!r} (source.text_field); fields here: {sorted(row)}",
-            )
-            return None
-        value = row[source.text_field]
-        return "" if value is None else value if isinstance(value, str) else str(value)
-    missing = [f for f in template_fields(source.text_template) if f not in row]
+        return _field_text(row, source.text_field, rows, where)
+    return _template_text(row, source.text_template, rows, where)
+
+
+def _field_text(row: dict[str, Any], field: str, rows: _Rows, where: str) -> str | None:
+    if field not in row:
+        rows.bad("missing_field", where, f"no field {field!r} (source.text_field); fields here: {sorted(row)}")
+        return None
+    value = row[field]
+    if value is None:  # no text: an empty row, which the filter drops and counts as empty
+        return ""
+    if isinstance(value, str):
+        return value
+    # str() of a list, bytes or number is a Python repr, not the document: never train on it silently.
+    rows.bad("not_text", where, f"source.text_field {field!r} holds {_kind(value)}, not text: {_preview(value)}")
+    return None
+
+
+def _formattable(value: Any) -> bool:
+    """What a template may format: text and numbers ("Score: {score}"); None stands for ""."""
+    # bool is an int, but "True" in a prompt is a repr, not something the data's author wrote.
+    return value is None or (isinstance(value, (str, int, float)) and not isinstance(value, bool))
+
+
+class _NotText(Exception):
+    def __init__(self, field: str, value: Any):
+        super().__init__(field)
+        self.field, self.value = field, value
+
+
+class _CheckedFormatter(string.Formatter):
+    """`str.format` that checks each value it formats, after look-ups like `{turns[0]}` or `{meta.title}`."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        value, first = super().get_field(field_name, args, kwargs)
+        if not _formattable(value):
+            raise _NotText(field_name, value)
+        return ("" if value is None else value), first
+
+
+_CHECKED = _CheckedFormatter()
+
+
+def _template_text(row: dict[str, Any], template: str, rows: _Rows, where: str) -> str | None:
+    fields = template_fields(template)
+    missing = [f for f in fields if f not in row]
     if missing:
+        rows.bad("missing_field", where, f"source.text_template needs {missing} but the row has only {sorted(row)}")
+        return None
+    if all(_formattable(row[f]) for f in fields):  # the common case, at the speed of str.format
+        return template.format_map({k: ("" if v is None else v) for k, v in row.items()})
+    # A list or dict may still be indexed into text ({turns[0]}): check what is actually formatted.
+    try:
+        return _CHECKED.vformat(template, (), row)
+    except _NotText as err:
         rows.bad(
-            "missing_field", where,
-            f"source.text_template needs {missing} but the row has only {sorted(row)}",
+            "not_text", where,
+            f"source.text_template field {err.field!r} holds {_kind(err.value)}, not text or a number: "
+            f"{_preview(err.value)}",
         )
         return None
-    return source.text_template.format_map({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def _kind(value: Any) -> str:
+    """'a list', 'a dict', 'bytes', 'an int': the type of a value, in words for an error message."""
+    name = type(value).__name__
+    if name in ("bytes", "bytearray"):
+        return "bytes"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _preview(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _json_lines(path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
