@@ -208,3 +208,27 @@ def test_template_bytes_from_parquet_are_not_text(tmp_path):
         run(src(p, text_template="{q}: {body}"), tmp_path)
     report, texts = run(src(p, text_template="{q}: {body}", on_bad_rows="skip"), tmp_path)
     assert texts == ["R: "] and report["dropped"] == {"not_text": 1}
+
+
+def test_txt_lines_end_at_newline_or_crlf_only(tmp_path):
+    t = tmp_path / "odd.txt"
+    t.write_bytes("one\r\npage\x0cbreak\r\nnel\x85here\nls\u2028ps\u2029end\n\ngs\x1dvt\x0b.\rcr\r\n".encode())
+    report, texts = run(src(t), tmp_path)
+    assert texts == ["one", "page\x0cbreak", "nel\x85here", "ls\u2028ps\u2029end", "", "gs\x1dvt\x0b.\rcr"]
+    assert report["rows_in"] == 6  # the final \r\n ends the last line and starts no empty one
+
+    t.write_bytes(b"no final newline\r\nlast")
+    _, texts = run(src(t), tmp_path)
+    assert texts == ["no final newline", "last"]
+
+
+def test_txt_paragraphs_end_at_blank_lines_whatever_the_line_ending(tmp_path):
+    t = tmp_path / "crlf.txt"
+    t.write_bytes(b"p1 a\r\np1 b\r\n\r\np2\r\n \t\r\n\r\np3\x0cstill p3\n\n\n\np4\r\n")
+    report, texts = run(src(t, txt_sample_by="paragraph"), tmp_path)
+    assert texts == ["p1 a\r\np1 b", "p2", "p3\x0cstill p3", "p4\r\n"]
+    assert report["rows_in"] == 4
+
+    t.write_bytes("\n\n \n intro\u2028same paragraph\n\t\nnext\n\n  \n".encode())
+    _, texts = run(src(t, txt_sample_by="paragraph"), tmp_path)
+    assert texts == [" intro\u2028same paragraph", "next"]  # whitespace-only pieces skipped

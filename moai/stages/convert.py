@@ -1,8 +1,14 @@
-"""convert: read the source (local files or a hub dataset) and build one `text` column.
+r"""convert: read the source (local files or a hub dataset) and build one `text` column.
 
 Local formats by extension: `.jsonl`/`.ndjson` (one object a line), `.json` (JSON lines, or one
 array of objects), `.parquet`, `.csv`, `.txt` (by line, paragraph or whole file). The text comes
 from `text_field` or from `text_template` formatted over the row's fields.
+
+`.txt` with `txt_sample_by: line`: a line ends at "\n" or "\r\n" and at nothing else (form
+feed, \x85, U+2028 stay inside it); the newline that ends the file starts no extra row; empty
+lines are rows (the filter drops them as empty). With `paragraph`: paragraphs end at one or more
+blank lines (empty or only spaces and tabs, "\n" or "\r\n" endings alike); whitespace-only
+pieces are skipped.
 
 A bad row is a row that cannot give a text: invalid UTF-8, malformed JSON, a JSON value that is
 not an object, a missing field, or a value that is not text. A text field must hold a string
@@ -20,6 +26,7 @@ import functools
 import glob
 import json
 import logging
+import re
 import string
 import time
 from collections import Counter
@@ -33,7 +40,7 @@ from moai.textio import write_text_dataset
 
 log = logging.getLogger(__name__)
 
-VERSION = 2  # 2: a value that is not text is a bad row, no longer its repr
+VERSION = 2  # 2: a value that is not text is a bad row, no longer its repr; .txt lines end at \n or \r\n only
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "txt"}
 
 
@@ -267,6 +274,24 @@ def _table_rows(path: Path, kind: str, source: SourceConfig, rows: _Rows) -> Ite
         first += batch.num_rows
 
 
+# The end of a paragraph: its last line break and one or more blank lines (empty, or only spaces
+# and tabs), with \n or \r\n endings alike.
+_BLANK_LINES = re.compile(r"\r?\n(?:[ \t]*\r?\n)+")
+
+
+def _lines(text: str) -> list[str]:
+    r"""The lines of a text file: ended by \n or \r\n only.
+
+    Not `str.splitlines`, which also breaks at \f, \v, \x1c-\x1e, \x85, U+2028 and U+2029:
+    characters that occur inside real lines (page breaks in code, NEL in legacy text).
+    """
+    *ended, last = text.split("\n")
+    lines = [line[:-1] if line.endswith("\r") else line for line in ended]
+    if last:  # text after the last \n is a line; the \n that ends the file starts none
+        lines.append(last)
+    return lines
+
+
 def _txt_rows(path: Path, source: SourceConfig, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
         text = path.read_bytes().decode("utf-8")
@@ -278,9 +303,9 @@ def _txt_rows(path: Path, source: SourceConfig, rows: _Rows) -> Iterator[tuple[s
     if source.txt_sample_by == "document":
         pieces = [text]
     elif source.txt_sample_by == "paragraph":
-        pieces = [p for p in text.split("\n\n") if p.strip()]
+        pieces = [p for p in _BLANK_LINES.split(text) if p.strip()]
     else:
-        pieces = text.splitlines()
+        pieces = _lines(text)
     for i, piece in enumerate(pieces):
         rows.rows_in += 1
         yield f"{path}:{i + 1}", {"text": piece}
