@@ -90,7 +90,7 @@ class Pipeline:
     def convert(self, source_fp: str) -> StageResult:
         key = self.key("convert", source_fp)
         return self._run("convert", key, [source_fp], lambda out: convert_mod.convert(
-            self.config.source, out, writer_batch_size=self.plan.writer_batch_size.value,
+            self.config.source, out, source_fp=source_fp, writer_batch_size=self.plan.writer_batch_size.value,
             max_shard_size=self.config.save.max_shard_size))
 
     def filter(self, converted: StageResult) -> StageResult:

@@ -1,15 +1,19 @@
 """convert and filter: formats, templates, and every kind of bad input the issue lists."""
 
+import contextlib
 import json
+import logging
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import write_jsonl
+from conftest import config_dict, run_offline, write_jsonl
 from moai.config import parse_config
 from moai.errors import DataError
-from moai.stages.convert import convert
+from moai.pipeline import Pipeline
+from moai.stages.convert import convert, source_fingerprint
 from moai.stages.filter import filter_text
 from moai.textio import open_text
 
@@ -18,10 +22,11 @@ def src(path, **kw):
     return parse_config({"source": {"path": str(path), **kw}, "tokenizer": {"path": "t"}}).source
 
 
-def run(source, tmp_path):
+def run(source, tmp_path, source_fp=None):
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    report = convert(source, out, writer_batch_size=2, max_shard_size="1MB")
+    source_fp = source_fingerprint(source) if source_fp is None else source_fp
+    report = convert(source, out, source_fp=source_fp, writer_batch_size=2, max_shard_size="1MB")
     return report, open_text(out)["text"]
 
 
@@ -100,8 +105,6 @@ def test_source_matching_no_files(tmp_path):
 
 
 def test_offline_hub_error_names_dataset_and_local_way(tmp_path):
-    from conftest import run_offline
-
     out = run_offline(
         "from moai.config import parse_config\n"
         "from moai.stages.convert import source_fingerprint\n"
@@ -117,7 +120,7 @@ def test_filter_counts_each_reason(tmp_path):
     f = write_jsonl(tmp_path / "f.jsonl", [{"text": t} for t in ["", "   ", "ab", "abcd", "abcdefghijk", "abcde"]])
     conv = tmp_path / "conv"
     conv.mkdir()
-    convert(src(f), conv, writer_batch_size=2, max_shard_size="1MB")
+    convert(src(f), conv, source_fp=source_fingerprint(src(f)), writer_batch_size=2, max_shard_size="1MB")
     out = tmp_path / "filt"
     out.mkdir()
     cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"},
@@ -131,7 +134,7 @@ def test_everything_filtered_out_is_an_error(tmp_path):
     f = write_jsonl(tmp_path / "f.jsonl", [{"text": " "}, {"text": ""}])
     conv = tmp_path / "conv"
     conv.mkdir()
-    convert(src(f), conv, writer_batch_size=2, max_shard_size="1MB")
+    convert(src(f), conv, source_fp=source_fingerprint(src(f)), writer_batch_size=2, max_shard_size="1MB")
     out = tmp_path / "filt"
     out.mkdir()
     cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"}}).filter
@@ -232,3 +235,142 @@ def test_txt_paragraphs_end_at_blank_lines_whatever_the_line_ending(tmp_path):
     t.write_bytes("\n\n \n intro\u2028same paragraph\n\t\nnext\n\n  \n".encode())
     _, texts = run(src(t, txt_sample_by="paragraph"), tmp_path)
     assert texts == [" intro\u2028same paragraph", "next"]  # whitespace-only pieces skipped
+
+
+# -- a source that changes under convert -------------------------------------------------------------
+
+CHANGED = r"changed while convert was reading it \(its content no longer matches the fingerprint taken at the start\); nothing was published"
+
+
+def write_each_format(d, texts):
+    """The same texts as one file of each local format; returns {format: path}."""
+    d.mkdir(exist_ok=True)
+    paths = {"jsonl": write_jsonl(d / "a.jsonl", [{"text": t} for t in texts])}
+    (d / "b.json").write_text(json.dumps([{"text": t} for t in texts]))
+    pq.write_table(pa.table({"text": texts}), d / "c.parquet")
+    (d / "e.csv").write_text("text\n" + "".join(f"{t}\n" for t in texts))
+    (d / "f.txt").write_text("".join(f"{t}\n" for t in texts))
+    paths.update(json=d / "b.json", parquet=d / "c.parquet", csv=d / "e.csv", txt=d / "f.txt")
+    return paths
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json", "parquet", "csv", "txt"])
+def test_file_changed_after_the_fingerprint_is_refused(tmp_path, kind):
+    path = write_each_format(tmp_path / "d", ["one", "two"])[kind]
+    source = src(path)
+    taken = source_fingerprint(source)
+    write_each_format(tmp_path / "d", ["one", "two", "three"])
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=rf"^source file {path} {CHANGED} — rerun when the file is no longer being written$"):
+        run(source, tmp_path, source_fp=taken)
+    assert not (out / "state.json").exists() and not (out / "dataset_info.json").exists()
+    report, texts = run(source, tmp_path)  # a fresh fingerprint describes the new bytes
+    assert texts == ["one", "two", "three"] and report["rows_out"] == 3
+
+
+@contextlib.contextmanager
+def on_first_skip(change):
+    """Run `change()` once, when convert logs its first skipped bad row: a point in the middle of
+    reading a file, reached the same way every run."""
+
+    class Handler(logging.Handler):
+        calls = 0
+
+        def emit(self, record):
+            if record.getMessage().startswith("skipping") and not Handler.calls:
+                Handler.calls += 1
+                change()
+
+    logger = logging.getLogger("moai.stages.convert")
+    handler, level = Handler(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert Handler.calls == 1, "the change never ran: no bad row was skipped"
+
+
+def append_rows(path, rows):
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def test_rows_appended_while_reading_are_refused(tmp_path):
+    f = write_jsonl(tmp_path / "data.jsonl", [{"text": "a"}, {"body": "no text"}] + [{"text": f"r{i}"} for i in range(50)])
+    source = src(f, on_bad_rows="skip")
+    taken = source_fingerprint(source)
+    with on_first_skip(lambda: append_rows(f, [{"text": "late"}] * 10)):
+        with pytest.raises(DataError, match=rf"^source file {f} {CHANGED}"):
+            run(source, tmp_path, source_fp=taken)
+    assert not (tmp_path / "out" / "state.json").exists()
+
+
+def test_parquet_touched_while_reading_is_refused(tmp_path):
+    # Parquet is read by random access and hashed again after: same bytes, but the file was
+    # written meanwhile (its mtime moved), so what was read cannot be vouched for.
+    p = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"text": pa.array([["a"], ["b"], None], pa.list_(pa.string()))}), p)
+    source = src(p, on_bad_rows="skip")
+    taken = source_fingerprint(source)
+    st = os.stat(p)
+    with on_first_skip(lambda: os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))):
+        with pytest.raises(DataError, match=rf"^source file {p} {CHANGED}"):
+            run(source, tmp_path, source_fp=taken)
+    assert source_fingerprint(source) == taken  # the bytes are the same; the stat is what moved
+
+
+def test_a_file_added_after_the_fingerprint_is_named(tmp_path):
+    d = tmp_path / "d"
+    write_jsonl(d / "a.jsonl", [{"text": "one"}])
+    source = src(d / "*.jsonl")
+    taken = source_fingerprint(source)
+    write_jsonl(d / "b.jsonl", [{"text": "two"}])
+    with pytest.raises(DataError, match=rf"matched 1 file\(s\) at the start and 2 when convert read them "
+                                        rf"\(new: \['{d / 'b.jsonl'}'\]; gone: none\); nothing was published"):
+        run(source, tmp_path, source_fp=taken)
+
+
+def test_a_fingerprint_from_another_process_still_guards(tmp_path):
+    # A Prefect task may take the fingerprint in another process: the change is still caught,
+    # though which of several files changed cannot be told.
+    d = tmp_path / "d"
+    write_jsonl(d / "a.jsonl", [{"text": "one"}])
+    write_jsonl(d / "b.jsonl", [{"text": "two"}])
+    source = src(d / "*.jsonl")
+    done = run_offline(
+        "from moai.config import parse_config\n"
+        "from moai.stages.convert import source_fingerprint\n"
+        f"print(source_fingerprint(parse_config({{'source': {{'path': {str(d / '*.jsonl')!r}}}, 'tokenizer': {{'path': 't'}}}}).source))\n",
+        tmp_path,
+    )
+    taken = done.stdout.strip()
+    assert done.returncode == 0 and taken.startswith("files:")
+    report, _ = run(source, tmp_path, source_fp=taken)  # the same bytes give the same fingerprint anywhere
+    assert report["rows_out"] == 2
+    append_rows(d / "b.jsonl", [{"text": "three"}])
+    with pytest.raises(DataError, match=r"one of its 2 files changed while convert was reading them"):
+        run(source, tmp_path, source_fp=taken)
+
+
+def test_pipeline_publishes_nothing_when_the_source_changes_during_convert(tmp_path):
+    # The issue: rows appended during a cold run, the file restored, a rerun said "reused" and
+    # served documents the file does not have.
+    f = write_jsonl(tmp_path / "data.jsonl", [{"text": "doc 0"}, {"body": "no text"}] + [{"text": f"doc {i}"} for i in range(1, 40)])
+    original = f.read_bytes()
+    cfg = parse_config(config_dict(tmp_path, f, {"path": "unused"}, source={"on_bad_rows": "skip"}))
+    pipe = Pipeline(cfg, progress=False)
+    taken = pipe.source_fingerprint()
+    with on_first_skip(lambda: append_rows(f, [{"text": "extra"}] * 5)):
+        with pytest.raises(DataError, match=rf"^source file {f} {CHANGED}"):
+            pipe.convert(taken)
+    convert_dir = tmp_path / "cache" / "convert"
+    assert not pipe.is_published("convert", pipe.key("convert", taken))
+    assert [p.name for p in convert_dir.iterdir() if not p.name.endswith(".lock")] == []  # no folder, no leftover
+
+    f.write_bytes(original)
+    rerun = pipe.convert(pipe.source_fingerprint())
+    assert rerun.built and rerun.key == pipe.key("convert", taken)
+    assert rerun.report["rows_out"] == 40 and rerun.report["dropped"] == {"missing_field": 1}

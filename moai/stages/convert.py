@@ -18,24 +18,33 @@ template formats strings and numbers ("Score: {score}") and null as ""; a list, 
 bool it would format is a bad row too. With `source.on_bad_rows: error` (the default) the first
 bad row stops convert with a `DataError` naming its file and line or row; with `skip` bad rows
 are skipped and counted by reason in the report's `dropped`.
+
+The store keeps convert's output under a key chained from `source_fingerprint`, taken before
+convert runs (each local file's name, length and xxh3-128 of its bytes). convert hashes the bytes
+it parses as it reads them, with the same code (parquet, read by random access, is hashed again
+after reading and must keep its size, mtime and inode), and raises `DataError` naming the file if
+they are not the fingerprinted bytes: a file written during a run is never cached under a key
+that describes other bytes. Hub datasets keep the `datasets` fingerprint.
 """
 
 from __future__ import annotations
 
 import functools
 import glob
+import io
 import json
 import logging
+import os
 import re
 import string
+import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator, NamedTuple
 
 from moai.config import SourceConfig, template_fields
 from moai.errors import DataError
-from moai.store import fingerprint_files
 from moai.textio import write_text_dataset
 
 log = logging.getLogger(__name__)
@@ -81,12 +90,107 @@ def _load_hub(name: str, subset: str | None, split: str, trust_remote_code: bool
         ) from err
 
 
+CHUNK_BYTES = 1 << 22
+
+
+class _Digest:
+    """xxh3-128 and length of one file's bytes, fed in file order: the same code hashes a file for
+    the fingerprint and while convert reads it, so the two can only differ if the bytes do."""
+
+    def __init__(self) -> None:
+        import xxhash
+
+        self._hash = xxhash.xxh3_128()
+        self.size = 0
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        self._hash.update(chunk)
+        self.size += len(chunk)
+
+    def of(self, path: Path) -> "_FileRead":
+        return _FileRead(str(path), path.name, self.size, self._hash.hexdigest())
+
+
+class _FileRead(NamedTuple):
+    path: str
+    name: str
+    size: int
+    digest: str
+
+    def content(self) -> tuple[str, int, str]:
+        return self.name, self.size, self.digest
+
+
+def _files_fingerprint(files: list[_FileRead]) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    for f in files:
+        h.update(f"{f.name}\0{f.size}\0{f.digest}\0".encode())
+    return f"files:{h.hexdigest()}"
+
+
+def _digest_file(path: Path) -> _FileRead:
+    digest = _Digest()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.of(path)
+
+
+# The per-file digests behind the fingerprints this process took (a few, newest last), so that
+# convert can name the file that changed since; a fingerprint from another process has none here.
+_TAKEN: dict[tuple[str | None, str], list[_FileRead]] = {}
+_TAKEN_LOCK = threading.Lock()  # Prefect may run tasks in threads
+
+
 def source_fingerprint(source: SourceConfig) -> str:
-    """Root of every key: the `datasets` fingerprint of a hub dataset, or a content hash of local files."""
+    """Root of every key: the `datasets` fingerprint of a hub dataset, or a content hash of local
+    files (name, length and bytes of each); `convert` checks it against the bytes it reads."""
     if source.hub is not None:
         ds = _load_hub(source.hub, source.subset, source.split, source.trust_remote_code)
         return f"hub:{source.hub}:{ds._fingerprint}"
-    return f"files:{fingerprint_files(source_files(source))}"
+    files = [_digest_file(p) for p in source_files(source)]
+    fingerprint = _files_fingerprint(files)
+    with _TAKEN_LOCK:
+        _TAKEN.pop((source.path, fingerprint), None)
+        _TAKEN[(source.path, fingerprint)] = files
+        while len(_TAKEN) > 8:
+            del _TAKEN[next(iter(_TAKEN))]
+    return fingerprint
+
+
+class _HashingReader(io.RawIOBase):
+    """A file read once front to back, hashing its bytes as they pass: the digest is of exactly
+    the bytes convert parsed, whatever happens to the file meanwhile."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self._file = open(path, "rb", buffering=0)
+        self.digest = _Digest()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = self._file.readinto(buffer)
+        if n:
+            self.digest.update(memoryview(buffer)[:n])
+        return n
+
+    def readall(self) -> bytes:
+        data = self._file.readall()
+        self.digest.update(data)
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def _stat(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 class _Rows:
@@ -184,38 +288,36 @@ def _preview(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _json_lines(path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                rows.rows_in += 1
-                rows.bad("invalid_utf8", where, f"invalid UTF-8 at byte {err.start} of the line")
-                continue
-            if not line.strip():
-                continue
+def _json_lines(f: BinaryIO, path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    for lineno, raw in enumerate(f, 1):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
             rows.rows_in += 1
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                rows.bad("bad_json", where, f"malformed JSON: {err.msg} at column {err.colno}")
-                continue
-            if not isinstance(obj, dict):
-                rows.bad("not_an_object", where, f"expected a JSON object, got {type(obj).__name__}")
-                continue
-            yield where, obj
+            rows.bad("invalid_utf8", where, f"invalid UTF-8 at byte {err.start} of the line")
+            continue
+        if not line.strip():
+            continue
+        rows.rows_in += 1
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            rows.bad("bad_json", where, f"malformed JSON: {err.msg} at column {err.colno}")
+            continue
+        if not isinstance(obj, dict):
+            rows.bad("not_an_object", where, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        yield where, obj
 
 
-def _json_file(path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
+def _json_file(f: io.BufferedReader, path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    head = f.peek(4096)[:4096].lstrip()  # peek: the bytes stay in the stream, read (and hashed) once
     if not head.startswith(b"["):
-        yield from _json_lines(path, rows)
+        yield from _json_lines(f, path, rows)
         return
     try:
-        items = json.loads(path.read_bytes().decode("utf-8"))
+        items = json.loads(f.read().decode("utf-8"))
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: invalid UTF-8 at byte {err.start}") from None
     except json.JSONDecodeError as err:
@@ -229,14 +331,15 @@ def _json_file(path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
         yield where, obj
 
 
-def _arrow_batches(path: Path, kind: str, columns: list[str] | None):
+def _arrow_batches(path: Path, data: Path | BinaryIO, kind: str, columns: list[str] | None):
+    """Record batches of `data`: the parquet file's path (read by random access) or the CSV's stream."""
     import pyarrow as pa
 
     try:
         if kind == "parquet":
             import pyarrow.parquet as pq
 
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(data)
             names = pf.schema_arrow.names
             _check_columns(path, names, columns)
             yield from pf.iter_batches(batch_size=10_000, columns=columns)
@@ -245,7 +348,7 @@ def _arrow_batches(path: Path, kind: str, columns: list[str] | None):
 
             # Declared string, so invalid UTF-8 fails here instead of arriving as binary.
             types = {c: pa.string() for c in columns or []}
-            reader = pcsv.open_csv(path, convert_options=pcsv.ConvertOptions(column_types=types))
+            reader = pcsv.open_csv(data, convert_options=pcsv.ConvertOptions(column_types=types))
             _check_columns(path, reader.schema.names, columns)
             for batch in reader:
                 yield batch
@@ -265,9 +368,11 @@ def _needed_fields(source: SourceConfig) -> list[str]:
     return [source.text_field] if source.text_field is not None else template_fields(source.text_template)
 
 
-def _table_rows(path: Path, kind: str, source: SourceConfig, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+def _table_rows(
+    path: Path, data: Path | BinaryIO, kind: str, source: SourceConfig, rows: _Rows
+) -> Iterator[tuple[str, dict[str, Any]]]:
     first = 0
-    for batch in _arrow_batches(path, kind, _needed_fields(source)):
+    for batch in _arrow_batches(path, data, kind, _needed_fields(source)):
         for i, obj in enumerate(batch.to_pylist()):
             rows.rows_in += 1
             yield f"{path}:row {first + i}", obj
@@ -292,11 +397,12 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
-def _txt_rows(path: Path, source: SourceConfig, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+def _txt_rows(f: BinaryIO, path: Path, source: SourceConfig, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    data = f.read()
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        line = data[: err.start].count(b"\n") + 1
         rows.rows_in += 1
         rows.bad("invalid_utf8", f"{path}:{line}", f"invalid UTF-8 at byte {err.start} of the file")
         return
@@ -311,15 +417,74 @@ def _txt_rows(path: Path, source: SourceConfig, rows: _Rows) -> Iterator[tuple[s
         yield f"{path}:{i + 1}", {"text": piece}
 
 
-def _file_rows(path: Path, source: SourceConfig, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+def _file_rows(
+    path: Path, source: SourceConfig, rows: _Rows, read: list[_FileRead]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rows of one file; once they are all out, what was read of it is appended to `read`."""
     kind = FORMATS[path.suffix.lower()]
-    if kind == "jsonl":
-        return _json_lines(path, rows)
-    if kind == "json":
-        return _json_file(path, rows)
-    if kind == "txt":
-        return _txt_rows(path, source, rows)
-    return _table_rows(path, kind, source, rows)
+    if kind == "parquet":
+        yield from _parquet_rows(path, source, rows, read)
+        return
+    with io.BufferedReader(_HashingReader(path), CHUNK_BYTES) as f:
+        if kind == "jsonl":
+            yield from _json_lines(f, path, rows)
+        elif kind == "json":
+            yield from _json_file(f, path, rows)
+        elif kind == "txt":
+            yield from _txt_rows(f, path, source, rows)
+        else:
+            yield from _table_rows(path, f, kind, source, rows)
+        # Every reader above reads to the end; had one stopped early, the digest would not match
+        # and convert would refuse to publish rather than trust it.
+        read.append(f.raw.digest.of(path))
+
+
+def _parquet_rows(
+    path: Path, source: SourceConfig, rows: _Rows, read: list[_FileRead]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    # Parquet is read by random access, so its bytes cannot be hashed as they pass: hash the file
+    # again after reading it, and make sure it was neither written nor replaced in between.
+    before = _stat(path)
+    yield from _table_rows(path, path, "parquet", source, rows)
+    after = _digest_file(path)
+    if _stat(path) != before:
+        raise DataError(_changed_file(path))
+    read.append(after)
+
+
+def _changed_file(path: Path | str) -> str:
+    return (
+        f"source file {path} changed while convert was reading it (its content no longer matches the "
+        "fingerprint taken at the start); nothing was published — rerun when the file is no longer being written"
+    )
+
+
+def _check_read(source: SourceConfig, source_fp: str, read: list[_FileRead]) -> None:
+    """Refuse to publish unless the bytes convert read are the bytes `source_fp` fingerprinted:
+    the store keys this output by `source_fp`, and a key must describe exactly what it holds."""
+    if _files_fingerprint(read) == source_fp:
+        return
+    with _TAKEN_LOCK:
+        taken = _TAKEN.get((source.path, source_fp))
+    if taken is not None and [f.path for f in taken] != [f.path for f in read]:
+        new = sorted({f.path for f in read} - {f.path for f in taken})
+        gone = sorted({f.path for f in taken} - {f.path for f in read})
+        raise DataError(
+            f"source.path {source.path!r} matched {len(taken)} file(s) at the start and {len(read)} when convert "
+            f"read them (new: {new or 'none'}; gone: {gone or 'none'}); nothing was published — rerun when the "
+            "files are no longer being written"
+        )
+    if taken is not None:
+        changed = [now.path for now, then in zip(read, taken) if now.content() != then.content()]
+        raise DataError(_changed_file(changed[0]))
+    if len(read) == 1:
+        raise DataError(_changed_file(read[0].path))
+    # The fingerprint came from another process: which file differs cannot be told, only that one does.
+    raise DataError(
+        f"source.path {source.path!r}: one of its {len(read)} files changed while convert was reading them "
+        "(their content no longer matches the fingerprint taken at the start); nothing was published — rerun "
+        "when the files are no longer being written"
+    )
 
 
 def _hub_rows(source: SourceConfig, rows: _Rows, batch_size: int) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -336,17 +501,25 @@ def _hub_rows(source: SourceConfig, rows: _Rows, batch_size: int) -> Iterator[tu
             i += 1
 
 
-def convert(source: SourceConfig, out_dir: Path, *, writer_batch_size: int, max_shard_size: str) -> dict[str, Any]:
-    """Read every row of the source and write its text as a `save_to_disk` folder. Returns the report."""
+def convert(
+    source: SourceConfig, out_dir: Path, *, source_fp: str, writer_batch_size: int, max_shard_size: str
+) -> dict[str, Any]:
+    """Read every row of the source and write its text as a `save_to_disk` folder. Returns the report.
+
+    `source_fp` is `source_fingerprint(source)` taken before (the key this output is stored under);
+    local files that no longer match it raise `DataError` before the dataset is saved (so the
+    store publishes nothing).
+    """
     started = time.perf_counter()
     rows = _Rows(source)
+    read: list[_FileRead] = []
     if source.hub is not None:
         located: Iterator[tuple[str, dict[str, Any]]] = _hub_rows(source, rows, writer_batch_size)
         files = [source.hub]
     else:
         paths = source_files(source)
         files = [str(p) for p in paths]
-        located = (item for p in paths for item in _file_rows(p, source, rows))
+        located = (item for p in paths for item in _file_rows(p, source, rows, read))
 
     def batches() -> Iterator[list[str]]:
         buf: list[str] = []
@@ -358,6 +531,8 @@ def convert(source: SourceConfig, out_dir: Path, *, writer_batch_size: int, max_
             if len(buf) >= writer_batch_size:
                 yield buf
                 buf = []
+        if source.hub is None:  # the `datasets` fingerprint of a hub dataset is its own affair
+            _check_read(source, source_fp, read)
         if buf:
             yield buf
 
