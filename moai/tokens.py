@@ -8,8 +8,9 @@ Token store (output of the tokenize stage), the flat layout of Megatron-LM, data
 
 Documents follow each other in corpus order; every document ends with EOS. Parts are fixed row
 ranges of the saved text (not one per worker), so the files are the same for any worker count.
-Opening is O(1): `.bin` files are memory-mapped; document offsets load on first use (8 bytes a
-document).
+Opening is O(parts): each part's file sizes are checked against tokens.json (a truncated `.bin`
+would otherwise surface much later as a short sample), `.bin` files are memory-mapped, and
+document offsets load on first use (8 bytes a document).
 
 Sample index (output of the pack stage)::
 
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from moai.errors import CacheError
+
 STORE_FORMAT = "moai-token-store/1"
 PACK_FORMAT = "moai-sample-index/1"
 
@@ -43,6 +46,28 @@ class TokenSplit:
         self.num_tokens = int(meta["num_tokens"])
         self.num_documents = int(meta["num_documents"])
         self._part_starts = np.concatenate([[0], np.cumsum([p["num_tokens"] for p in self.parts])]).astype(np.int64)
+        self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Every part's files hold exactly what tokens.json says: `stat` only, O(parts)."""
+        documents = sum(p["num_documents"] for p in self.parts)
+        if int(self._part_starts[-1]) != self.num_tokens or documents != self.num_documents:
+            raise CacheError.damaged(self.root, f"tokens.json: the parts of split {self.name!r} do not add up to its "
+                                                f"num_tokens/num_documents", what="token store")
+        for part in self.parts:
+            for name, count, width, unit in ((part["bin"], part["num_tokens"], self.dtype.itemsize, "tokens"),
+                                             (part["idx"], part["num_documents"], 8, "documents")):
+                expected = count * width
+                try:
+                    size = (self.root / name).stat().st_size
+                except FileNotFoundError:
+                    if expected == 0:  # an empty part may have no files
+                        continue
+                    raise CacheError.damaged(self.root, f"{name} is missing", what="token store") from None
+                if size != expected:
+                    raise CacheError.damaged(
+                        self.root, f"{name} has {size} bytes, tokens.json says {count} {unit} of {width} bytes "
+                                   f"({expected})", what="token store")
 
     def _bin(self, i: int) -> np.ndarray:
         part = self.parts[i]
@@ -133,7 +158,28 @@ class PackedSamples:
         cache_root = self.path.parent.parent
         self.store = TokenStore(cache_root / self.meta["token_store"])
         self.tokens = self.store.split(split)
-        self.samples = np.load(self.path / f"{split}.npy", mmap_mode="r")
+        self.samples = self._open_samples(split)
+
+    def _open_samples(self, split: str) -> np.ndarray:
+        """The split's (num_samples, 2) int64 windows, checked against pack.json and the token split."""
+        file = self.path / f"{split}.npy"
+        expected = self.meta.get("splits", {}).get(split)
+        try:
+            samples = np.load(file, mmap_mode="r")
+        except (OSError, ValueError, EOFError) as err:  # truncated: "mmap length is greater than file size"
+            raise CacheError.damaged(self.path, f"{file.name} cannot be opened ({err})", what="sample index") from None
+        if samples.dtype != np.int64 or samples.ndim != 2 or samples.shape[1] != 2 or \
+                (expected is not None and samples.shape[0] != expected):
+            raise CacheError.damaged(self.path, f"{file.name} holds {samples.dtype} {samples.shape}, pack.json says "
+                                                f"int64 ({expected}, 2)", what="sample index")
+        if len(samples):
+            starts, lengths = samples[:, 0], samples[:, 1]
+            end = int((starts + lengths).max())
+            if int(starts.min()) < 0 or int(lengths.min()) < 1 or end > self.tokens.num_tokens:
+                raise CacheError.damaged(self.path, f"{file.name} has windows outside the {self.tokens.num_tokens} "
+                                                    f"tokens of split {split!r} of {self.store.path}",
+                                         what="sample index")
+        return samples
 
     def __len__(self) -> int:
         return len(self.samples)
