@@ -10,6 +10,9 @@
     moai merge CONFIG      publish the token store from the units, then pack
     moai export-webdataset CONFIG --out DIR [--shard-size 256MB]
                            packed samples as WebDataset tar shards
+    moai cache verify [CONFIG | CACHE_DIR]
+                           check every published stage output against its manifest
+                           (sizes and xxh3-128 digests); exit 1 if any is damaged
 
 CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
 """
@@ -23,7 +26,7 @@ import signal
 import sys
 
 from moai.config import ConfigError, read_env, resolve_config
-from moai.errors import DataError, TokenizerError
+from moai.errors import CacheError, DataError, TokenizerError
 
 
 def _plan_cmd(args: argparse.Namespace) -> int:
@@ -126,6 +129,38 @@ def _doctor_cmd(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _cache_dir_of(args: argparse.Namespace) -> str:
+    """--cache-dir, else the positional argument as a folder, else the cache_dir of that config or
+    preset, else the default cache_dir."""
+    from pathlib import Path
+
+    from moai.config import PipelineConfig
+
+    if args.cache_dir:
+        return args.cache_dir
+    if args.target is None:
+        return PipelineConfig.model_fields["cache_dir"].default
+    if Path(args.target).is_dir():
+        return args.target
+    return resolve_config(args.target).cache_dir
+
+
+def _cache_verify_cmd(args: argparse.Namespace) -> int:
+    from moai.store import DAMAGED, OK, UNVERIFIABLE, verify_cache
+
+    counts = {OK: 0, DAMAGED: 0, UNVERIFIABLE: 0}
+    # A line per entry as soon as it is checked: reading a big cache takes a while.
+    for entry in verify_cache(_cache_dir_of(args)):
+        counts[entry.status] += 1
+        if entry.status != OK:
+            print(entry.message, flush=True)
+        if entry.status == DAMAGED and args.all_problems:
+            for problem in entry.problems[1:]:
+                print(f"  also: {problem}")
+    print(f"{counts[OK]} entries ok, {counts[DAMAGED]} damaged, {counts[UNVERIFIABLE]} unverifiable")
+    return 1 if counts[DAMAGED] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -163,6 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("doctor", help="check this machine's set-up; non-zero exit on any failure")
     p.add_argument("config", nargs="?", help="config file or preset to check the tokenizer and plan of")
     p.set_defaults(func=_doctor_cmd)
+    p = sub.add_parser("cache", help="look after the cache: moai cache verify")
+    cache_sub = p.add_subparsers(dest="cache_command", required=True)
+    p = cache_sub.add_parser("verify", help="check every published stage output against its manifest; "
+                                            "exit 1 if any is damaged")
+    p.add_argument("target", nargs="?", metavar="CONFIG_OR_CACHE_DIR",
+                   help="a config file or preset (its cache_dir), or a cache folder; default: .moai")
+    p.add_argument("--cache-dir", help="the cache folder to check")
+    p.add_argument("--all-problems", action="store_true",
+                   help="list every problem of a damaged entry, not only the first")
+    p.set_defaults(func=_cache_verify_cmd)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -173,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return args.func(args)
-    except (ConfigError, DataError, TokenizerError, FileExistsError) as err:
+    except (ConfigError, DataError, TokenizerError, CacheError, FileExistsError) as err:
         print(f"moai: error: {err}", file=sys.stderr)
         return 2
 
