@@ -11,7 +11,9 @@ setup → train → close, on Accelerate:
 - checkpoints every `save_every` steps (model + tokenizer via save_pretrained, optimizer,
   scheduler, RNG states, samples consumed), the last `keep_last` kept, published by rename; a
   rerun with the same output_dir resumes from the newest one;
-- metrics: one JSON line per `log_every` steps on stdout and in `<output_dir>/metrics.jsonl`.
+- metrics: one JSON line per `log_every` steps on stdout and in `<output_dir>/metrics.jsonl`; a
+  run starting at step S first drops the lines after S (written after the checkpoint it resumes
+  from, before a kill), so each step appears once.
 
 RESOLVED.json is written by `moai.launch.resolve`: the pipeline config plus the data paths.
 """
@@ -337,6 +339,50 @@ def cosine_with_warmup(optimizer, t: TrainConfig):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def kept_metrics(lines: list[str], step: int) -> list[str]:
+    """The metrics lines a run resuming at `step` keeps: those with a step <= `step`, and lines
+    without one (events) that come before the first dropped line. Lines that are not a JSON object
+    (one half-written by a kill) are dropped: they would also glue onto the next line appended."""
+    kept: list[str] = []
+    dropping = False
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            dropping = True
+            continue
+        at = record.get("step")
+        if isinstance(at, (int, float)) and not isinstance(at, bool):
+            if at <= step:
+                kept.append(line)
+            else:
+                dropping = True
+        elif not dropping:
+            kept.append(line)
+    return kept
+
+
+def trim_metrics(path: Path, step: int) -> int:
+    """Rewrite `path` with `kept_metrics(step)`; return how many lines were dropped. Written to a
+    temporary file and renamed over it, so a kill during the rewrite leaves the old file whole."""
+    if not path.is_file():
+        return 0
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    kept = kept_metrics(lines, step)
+    if not text or (len(kept) == len(lines) and text.endswith("\n")):
+        return 0  # nothing to drop; a last line without its newline is rewritten with one
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
 class MetricsWriter:
     def __init__(self, accelerator, output_dir: Path):
         self.accelerator = accelerator
@@ -435,6 +481,12 @@ def train(resolved: dict[str, Any]) -> dict[str, Any]:
         state = load_checkpoint(found[-1], accelerator, raw_model, optimizer, scheduler, identity)
         state.run = identity
         log.info("resumed from %s at step %d", found[-1], state.step)
+    if accelerator.is_main_process:
+        # Before the first new line: a run killed after its last checkpoint logged steps it will redo.
+        dropped = trim_metrics(out / "metrics.jsonl", state.step)
+        if dropped:
+            log.info("metrics.jsonl: dropped %d line(s) after step %d, logged before the previous run stopped; "
+                     "this run logs those steps again", dropped, state.step)
     if t.compile:
         model = torch.compile(model)
     if tracker:

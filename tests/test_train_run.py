@@ -4,6 +4,7 @@ a failing rank, and the final model loading with from_pretrained."""
 import json
 import math
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -87,12 +88,18 @@ def test_resume_gives_bit_identical_losses(learnable, tmp_path, ranks):
     moai_train(config(root, corpus, tok, whole, num_processes=ranks), tmp_path)
     moai_train(config(root, corpus, tok, split, num_processes=ranks, stop_after_steps=10), tmp_path)
     assert max(losses(split)) == 10 and not (split / "final").exists()
-    moai_train(config(root, corpus, tok, split, num_processes=ranks), tmp_path)
+    # What a kill while step 10 was being saved leaves: steps 6-10 logged, the newest checkpoint step 5.
+    ckpts = split / "checkpoints"
+    (ckpts / "step-00000010").rename(ckpts / ".tmp-step-00000010")
+    resumed = moai_train(config(root, corpus, tok, split, num_processes=ranks), tmp_path)
+    assert re.search(r"metrics.jsonl: dropped \d+ line\(s\) after step 5", resumed.stdout + resumed.stderr)
     a, b = losses(whole), losses(split)
     assert sorted(a) == sorted(b) == list(range(1, 21))
     assert all(a[s] == b[s] for s in a), {s: (a[s], b[s]) for s in a if a[s] != b[s]}
-    starts = [json.loads(l) for l in (split / "metrics.jsonl").read_text().splitlines() if '"start"' in l]
-    assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] == 10
+    records = [json.loads(l) for l in (split / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 21))  # each step once, in order
+    starts = [r for r in records if r.get("event") == "start"]
+    assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] == 5
     assert starts[0]["world_size"] == ranks
 
 

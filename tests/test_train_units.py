@@ -1,5 +1,6 @@
 """Pure parts of training: sample order, launch command, FLOPs, and packed-attention masking."""
 
+import json
 import math
 
 import numpy as np
@@ -185,3 +186,30 @@ def test_model_types_build_and_respect_document_boundaries(model_type, tokenizer
         together = model(input_ids=torch.cat(docs)[None], position_ids=pos, use_cache=False).logits[0]
         apart = torch.cat([model(input_ids=d[None], use_cache=False).logits[0] for d in docs])
     assert torch.allclose(together, apart, atol=1e-5)
+
+
+def _metrics_lines(steps) -> list[str]:
+    return [json.dumps({"step": s, "loss": 1.0 / s}) for s in steps]
+
+
+def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
+    from moai.train import kept_metrics, trim_metrics
+
+    start = json.dumps({"event": "start", "step": 0, "resumed": False})
+    lines = [start] + _metrics_lines(range(1, 11))
+    assert kept_metrics(lines, 6) == [start] + _metrics_lines(range(1, 7))
+
+    # stepless lines keep their place before the first dropped line, not after it; a line half
+    # written by a kill goes too (the next line appended would be glued onto it)
+    note = json.dumps({"event": "note"})
+    mixed = [note] + _metrics_lines([5, 6, 7]) + [note, '{"step": 8, "lo']
+    assert kept_metrics(mixed, 6) == [note] + _metrics_lines([5, 6])
+
+    f = tmp_path / "metrics.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    assert trim_metrics(f, 6) == 4
+    assert f.read_text() == "\n".join([start] + _metrics_lines(range(1, 7))) + "\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
+    before = f.stat().st_mtime_ns
+    assert trim_metrics(f, 6) == 0 and f.stat().st_mtime_ns == before  # nothing to drop: not rewritten
+    assert trim_metrics(tmp_path / "none.jsonl", 6) == 0
