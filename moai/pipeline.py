@@ -63,7 +63,8 @@ class Pipeline:
             "filter": (filter_mod.VERSION, c.filter.model_dump()),
             "save": (save_mod.VERSION, {**c.split.model_dump(), "max_shard_size": c.save.max_shard_size}),
             "tokenizer": (tokenizer_mod.VERSION, c.tokenizer.train.model_dump() if c.tokenizer.train else {}),
-            "tokenize": (tokenize_mod.VERSION, {}),  # workers, threads, batch size do not change the output
+            # workers, threads, batch size do not change the output; the engine is checked to give the same ids
+            "tokenize": (tokenize_mod.VERSION, {}),
             "pack": (pack_mod.VERSION, c.pack.model_dump(exclude={"enabled"})),
         }
         return table[stage]
@@ -137,7 +138,7 @@ class Pipeline:
     def _tokenizer_info(self, tok: StageResult):
         tcfg = self.config.tokenizer
         loaded = tokenizer_mod.load_tokenizer(tok.path, tcfg.trust_remote_code and tcfg.train is None)
-        return tokenizer_mod.describe(loaded, tcfg.path or tok.path, tok.key)
+        return tokenizer_mod.describe(loaded, tcfg.path or tok.path, tok.key, path=tok.path)
 
     def tokenize_shard(self, saved: StageResult, tok: StageResult, shard_index: int, num_shards: int) -> dict[str, Any]:
         """One unit of the tokenize stage (see `moai.shards`); the merged store is `tokenize_merged`."""

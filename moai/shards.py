@@ -46,21 +46,21 @@ def run_shard(store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Pa
     built = 0
     reason = "no part left to encode"
     if todo:
-        spec, reason = tk.choose_engine(engine, info, tk._sample_texts(text_dir, tk.VERIFY_DOCUMENTS, tk.VERIFY_BYTES),
-                                        threads)
-        tk._init(info.backend_json, None, spec, threads)
+        choice = tk.choose_encoder(info, text_dir, engine, threads)
+        reason = choice.engine_reason
+        tk.init_encoder(choice.setup)
         try:
             for job in todo:
                 def build(out: Path, job=job) -> dict[str, Any]:
                     (out / job.split).mkdir()
-                    r = tk._encode_parts([tk.PartJob(job.text_dir, job.split, job.index, job.start, job.stop, str(out),
-                                                     job.dtype, job.eos_id, job.batch_size)])[0]
-                    return {**r, "engine": "tiktoken" if spec is not None else "tokenizers"}
+                    r = tk.encode_parts([tk.PartJob(job.text_dir, job.split, job.index, job.start, job.stop, str(out),
+                                                    job.dtype, job.eos_id, job.batch_size)])[0]
+                    return {**r, "engine": choice.engine}
 
                 if store.build(PARTS_STAGE, part_key(tokenize_key, job.split, job.index), build).built:
                     built += 1
         finally:
-            tk._state.clear()
+            tk.clear_encoder()
     return {"shard": shard_index, "num_shards": num_shards, "parts": len(jobs), "built": built,
             "skipped": len(jobs) - built, "engine_reason": reason,
             "seconds": round(time.perf_counter() - started, 3)}

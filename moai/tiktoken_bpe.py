@@ -1,16 +1,27 @@
 """Express a Hugging Face byte-level BPE as a `tiktoken` encoding, when that is exact.
 
-tiktoken runs the same byte-level BPE about twice as fast per core as `tokenizers` (measured
-here, see ../shared/FIELD-NOTES.md), but it knows less: no normalizer, one split regex, merge
-priority = token id, and a piece found whole in the vocabulary is taken whole. So we only build
-an encoding when the tokenizer.json fits those rules, and the tokenize stage then verifies on a
-sample of the real corpus that every id matches before it uses it (`verify`); anything else
-falls back to `tokenizers` with the reason in the stage report.
+tiktoken runs the same byte-level BPE about twice as fast per core as `tokenizers` (1.7x on a
+128k vocabulary, see docs and the tokenize benchmark), but it knows less: one split regex, merge
+priority = token id, a piece found whole in the vocabulary is taken whole, and no normalizer.
+So we only build an encoding when the tokenizer.json fits those rules:
+
+- merges must follow token-id order. Several merges may produce the same token (Llama-3- and
+  Tekken-style files list 152k such duplicates): the first one sets the token's priority and the
+  later ones can never apply before it, so they are dropped;
+- a Unicode normalizer (NFC, NFKC, NFD, NFKD, or a sequence of them, as Qwen2 uses) is applied
+  with `unicodedata` before encoding;
+- `split_special_tokens` (transformers' option) makes special tokens plain text, as the backend's
+  `encode_special_tokens` does.
+
+The tokenize stage then verifies on a sample of the real corpus that every id matches
+transformers before it uses it; anything else falls back to `tokenizers`, with the reason in the
+stage report.
 """
 
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -45,6 +56,8 @@ class TiktokenSpec:
     special_tokens: dict[str, int]
     prefix: tuple[int, ...]
     suffix: tuple[int, ...]
+    normalization: tuple[str, ...] = ()  # unicodedata forms applied in order before encoding
+    text_specials: frozenset[str] = frozenset()  # added tokens encoded as plain text (split_special_tokens)
 
 
 def _split_pattern(pre: dict | None) -> str:
@@ -66,7 +79,39 @@ def _split_pattern(pre: dict | None) -> str:
     raise NotExpressible(f"pre-tokenizer {pre['type']} is not Split(regex)+ByteLevel or ByteLevel")
 
 
-def spec_from_tokenizer_json(backend_json: str) -> TiktokenSpec:
+NORMAL_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+
+
+def _normalization(norm: dict | None) -> tuple[str, ...]:
+    """The unicodedata forms a tokenizers normalizer applies, or `NotExpressible`."""
+    if norm is None:
+        return ()
+    if norm["type"] in NORMAL_FORMS:
+        return (norm["type"],)
+    if norm["type"] == "Sequence":
+        return tuple(f for step in norm["normalizers"] for f in _normalization(step))
+    raise NotExpressible(f"normalizer {norm['type']}")
+
+
+def _merge_priorities_follow_ids(merges: list, vocab: dict[str, int]) -> None:
+    """tiktoken merges by token id; HF BPE by merge rank. Equal when the first merge producing each
+    token comes in id order; later merges producing an already made token are duplicates."""
+    last = -1
+    made: set[int] = set()
+    for m in merges:
+        a, b = m if isinstance(m, list) else m.split(" ", 1)
+        idx = vocab.get(a + b)
+        if idx is None:
+            raise NotExpressible(f"merge {a!r} + {b!r} makes a token that is not in the vocabulary")
+        if idx in made:
+            continue
+        if idx <= last:
+            raise NotExpressible(f"merge order differs from token id order (merge {a!r} + {b!r})")
+        made.add(idx)
+        last = idx
+
+
+def spec_from_tokenizer_json(backend_json: str, split_special_tokens: bool = False) -> TiktokenSpec:
     """Build the tiktoken spec of a tokenizer.json, or raise `NotExpressible` naming the obstacle."""
     from tokenizers import Tokenizer
 
@@ -77,8 +122,7 @@ def spec_from_tokenizer_json(backend_json: str) -> TiktokenSpec:
     if model.get("dropout") or model.get("byte_fallback") or model.get("continuing_subword_prefix") \
             or model.get("end_of_word_suffix"):
         raise NotExpressible("BPE with dropout, byte fallback or sub-word affixes")
-    if data.get("normalizer") is not None:
-        raise NotExpressible(f"normalizer {data['normalizer'].get('type')}")
+    normalization = _normalization(data.get("normalizer"))
     pattern = _split_pattern(data.get("pre_tokenizer"))
 
     decode = byte_decoder()
@@ -92,21 +136,15 @@ def spec_from_tokenizer_json(backend_json: str) -> TiktokenSpec:
     if missing:
         raise NotExpressible(f"{len(missing)} single bytes have no token (e.g. {missing[0]:#04x})")
     specials = {}
+    text_specials = set()
     for added in data.get("added_tokens", []):
         if added.get("lstrip") or added.get("rstrip") or added.get("single_word") or added.get("normalized"):
             raise NotExpressible(f"added token {added['content']!r} has strip/word/normalize options")
         specials[added["content"]] = added["id"]
+        if split_special_tokens and added.get("special"):
+            text_specials.add(added["content"])
         ranks.pop(added["content"].encode(), None)
-
-    # Merge priority is the merged token's id in tiktoken; it must follow the merge list's order.
-    merges = model.get("merges", [])
-    last = -1
-    for m in merges:
-        a, b = m if isinstance(m, list) else m.split(" ", 1)
-        idx = model["vocab"].get(a + b)
-        if idx is None or idx <= last:
-            raise NotExpressible("merge order differs from token id order")
-        last = idx
+    _merge_priorities_follow_ids(model.get("merges", []), model["vocab"])
 
     tok = Tokenizer.from_str(backend_json)
     if not model.get("ignore_merges"):
@@ -121,11 +159,12 @@ def spec_from_tokenizer_json(backend_json: str) -> TiktokenSpec:
     at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
     if at is None:
         raise NotExpressible("the post-processor changes the text's ids")
-    return TiktokenSpec(pattern, ranks, specials, tuple(full[:at]), tuple(full[at + len(bare):]))
+    return TiktokenSpec(pattern, ranks, specials, tuple(full[:at]), tuple(full[at + len(bare):]),
+                        normalization, frozenset(text_specials))
 
 
 class TiktokenEncoder:
-    """`encode_batch(texts) -> list of id lists`, the same as tokenizers with special tokens added."""
+    """`encode_batch(texts, add_special_tokens) -> list of id lists`, the same ids as tokenizers."""
 
     def __init__(self, spec: TiktokenSpec, num_threads: int):
         import tiktoken
@@ -134,21 +173,16 @@ class TiktokenEncoder:
                                      special_tokens=spec.special_tokens)
         self.prefix = list(spec.prefix)
         self.suffix = list(spec.suffix)
+        self.normalization = spec.normalization
+        self.allowed = set(spec.special_tokens) - spec.text_specials
         self.num_threads = num_threads
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        out = self.enc.encode_batch(texts, num_threads=self.num_threads, allowed_special="all")
-        if self.prefix or self.suffix:
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        for form in self.normalization:
+            texts = [unicodedata.normalize(form, t) for t in texts]
+        # disallowed_special=(): special-token text that is not allowed is encoded as plain text
+        out = self.enc.encode_batch(texts, num_threads=self.num_threads, allowed_special=self.allowed,
+                                    disallowed_special=())
+        if add_special_tokens and (self.prefix or self.suffix):
             out = [self.prefix + ids + self.suffix for ids in out]
         return out
-
-
-def first_mismatch(encoder: TiktokenEncoder, backend_json: str, texts: list[str]) -> int | None:
-    """Index of the first text whose ids differ between tiktoken and tokenizers, or None."""
-    from tokenizers import Tokenizer
-
-    reference = Tokenizer.from_str(backend_json).encode_batch_fast(texts, add_special_tokens=True)
-    for i, (a, b) in enumerate(zip(encoder.encode_batch(texts), reference)):
-        if a != b.ids:
-            return i
-    return None

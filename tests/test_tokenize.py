@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import make_texts
 from moai.config import parse_config
+from moai.errors import TokenizerError
 from moai.stages import tokenize as tk
 from moai.stages.save import save
 from moai.stages.tokenizer import describe, load_tokenizer
@@ -47,11 +48,11 @@ def engine(request, tok):
 @given(texts=st.lists(UNICODE_TEXT | st.sampled_from(["<eos>", "a<pad>b", " <bos> x", "   ", " \n\t ", ""]), min_size=1, max_size=12))
 def test_ids_equal_hf_tokenizer_plus_eos(tok, engine, texts):
     hf, info = tok
-    tk._init(info.backend_json, None, engine, 2)
+    tk.init_encoder(tk.EncoderSetup(info.backend_json, info.split_special_tokens, engine, 2, True))
     try:
         flat, lengths = tk.encode_documents(texts, info.eos_id, tk.token_dtype(info.vocab_size))
     finally:
-        tk._state.clear()
+        tk.clear_encoder()
     ends = np.cumsum(lengths)
     for text, end, n in zip(texts, ends, lengths):
         assert flat[end - n : end].tolist() == hf(text)["input_ids"] + [info.eos_id]
@@ -123,17 +124,34 @@ def test_large_vocab_uses_uint32():
 def test_engine_falls_back_with_the_reason(tok):
     import json
 
+    from tokenizers import Tokenizer
+
     hf, info = tok
     data = json.loads(info.backend_json)
-    data["normalizer"] = {"type": "NFKC"}
-    normalized = dataclasses.replace(info, backend_json=json.dumps(data))
-    spec, reason = tk.choose_engine("auto", normalized, ["some text"], 1)
-    assert spec is None and "normalizer NFKC" in reason and "using tokenizers" in reason
+    data["normalizer"] = {"type": "Lowercase"}
+    changed = dataclasses.replace(info, backend_json=json.dumps(data))
+    backend = Tokenizer.from_str(changed.backend_json)
+    spec, reason = tk.choose_engine("auto", changed, ["Some Text"], 1,
+                                    lambda texts: [e.ids for e in backend.encode_batch(texts)])
+    assert spec is None and "normalizer Lowercase" in reason and "using tokenizers" in reason
 
-    spec, reason = tk.choose_engine("tokenizers", info, ["x"], 1)
+    reference = tk.transformers_reference(info)
+    spec, reason = tk.choose_engine("tokenizers", info, ["x"], 1, reference)
     assert spec is None and "tokenize.engine is tokenizers" in reason
-    spec, reason = tk.choose_engine("auto", info, make_texts(50), 1)
-    assert spec is not None and "matches tokenizers on all 50" in reason
+    spec, reason = tk.choose_engine("auto", info, make_texts(50), 1, reference)
+    assert spec is not None and "matches transformers on all 50" in reason
+
+
+def test_an_encoder_that_differs_from_transformers_writes_nothing(tok):
+    """The reference is transformers itself: a backend that differs from it is refused, whatever the engine."""
+    import json
+
+    hf, info = tok
+    data = json.loads(info.backend_json)
+    data["normalizer"] = {"type": "Lowercase"}
+    changed = dataclasses.replace(info, backend_json=json.dumps(data))
+    with pytest.raises(TokenizerError, match="other ids than transformers on sample document 0"):
+        tk.choose_engine("auto", changed, ["Hello World"], 1, tk.transformers_reference(info))
 
 
 def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
@@ -142,6 +160,6 @@ def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
 
     original = tiktoken_bpe.TiktokenEncoder.encode_batch
     monkeypatch.setattr(tiktoken_bpe.TiktokenEncoder, "encode_batch",
-                        lambda self, texts: [ids[:-1] for ids in original(self, texts)])
-    spec, reason = tk.choose_engine("auto", info, ["hello world"], 1)
+                        lambda self, texts, add_special_tokens=True: [ids[:-1] for ids in original(self, texts)])
+    spec, reason = tk.choose_engine("auto", info, ["hello world"], 1, tk.transformers_reference(info))
     assert spec is None and "differ" in reason and "sample document 0" in reason

@@ -11,6 +11,7 @@ saved with `save_pretrained` so `AutoTokenizer.from_pretrained` opens it.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -36,11 +37,16 @@ class TokenizerInfo:
 
     name_or_path: str
     fingerprint: str
-    backend_json: str  # the exact Rust pipeline, with the post-processor transformers configured
+    # The Rust pipeline as transformers runs it on every call: its post-processor, and no
+    # truncation or padding (a tokenizer.json saved after a call with truncation=True/padding=True
+    # carries them; transformers switches both off per call, the raw backend would apply them).
+    backend_json: str
     eos_id: int
     pad_id: int | None
     vocab_size: int
     warnings: list[str] = field(default_factory=list)
+    split_special_tokens: bool = False  # tokenizer_config.json: special-token text is plain text
+    path: str = ""  # the folder transformers loads it from (the reference ids come from there)
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
@@ -75,8 +81,8 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     return tok
 
 
-def describe(tok, name_or_path: str, fingerprint: str) -> TokenizerInfo:
-    """Check EOS/PAD and capture the backend pipeline the workers will run."""
+def describe(tok, name_or_path: str, fingerprint: str, path: str = "") -> TokenizerInfo:
+    """Check EOS/PAD and capture the backend pipeline the workers will run, as transformers runs it."""
     if tok.eos_token_id is None:
         raise TokenizerError(
             f"tokenizer {name_or_path!r} has no EOS token; every document must end with one. "
@@ -91,14 +97,19 @@ def describe(tok, name_or_path: str, fingerprint: str) -> TokenizerInfo:
         )
     for w in warnings:
         log.warning(w)
+    backend = json.loads(tok.backend_tokenizer.to_str())
+    backend["truncation"] = None
+    backend["padding"] = None
     return TokenizerInfo(
         name_or_path=name_or_path,
         fingerprint=fingerprint,
-        backend_json=tok.backend_tokenizer.to_str(),
+        backend_json=json.dumps(backend, ensure_ascii=False),
         eos_id=int(tok.eos_token_id),
         pad_id=None if tok.pad_token_id is None else int(tok.pad_token_id),
         vocab_size=len(tok),
         warnings=warnings,
+        split_special_tokens=bool(getattr(tok, "split_special_tokens", False)),
+        path=path or name_or_path,
     )
 
 

@@ -1,0 +1,118 @@
+"""Every stored document equals transformers' ids, on production tokenizers of three families.
+
+Tekken (131k byte-level BPE, Llama-3-style merges), Qwen (151k BPE with an NFC normalizer) and
+Mistral's SentencePiece (byte fallback), built from files registry packages ship
+(`real_tokenizers`). Each is compared with `tokenizer(text)["input_ids"] + [eos]` document by
+document, on both engines and with several worker processes; so are the folder variants that
+broke before: truncation/padding saved in tokenizer.json, and `split_special_tokens`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import real_tokenizers as rt
+from moai import encoding
+from moai.stages import tokenize as tk
+from moai.stages.tokenizer import describe, load_tokenizer
+from moai.tokens import TokenStore
+from test_tokenize import saved_text
+
+TIKTOKEN_FAMILIES = {"tekken", "qwen"}  # where tiktoken must engage (it is exact for them)
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokenizers")
+    return {name: rt.build(name, root / name) for name in rt.FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    texts = rt.hard_texts(300, seed=1)
+    return texts, saved_text(tmp_path_factory.mktemp("corpus"), texts, val_fraction=0.0)
+
+
+def tokenize_and_compare(folder, texts, saved, out, *, engine="auto", num_proc=1, check=None):
+    """Tokenize `saved` with the tokenizer in `folder`; assert every document equals transformers'."""
+    hf = load_tokenizer(str(folder))
+    info = describe(hf, str(folder), "fp")
+    out.mkdir()
+    report = tk.tokenize(info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=64, engine=engine,
+                         progress=False)
+    split = TokenStore(out).split("train")
+    assert split.num_documents == len(texts)
+    want = hf(texts)["input_ids"]
+    wrong = [i for i, ids in enumerate(want) if split.document(i).tolist() != ids + [info.eos_id]]
+    assert not wrong, f"{len(wrong)} of {len(texts)} documents differ, first {wrong[0]}: {texts[wrong[0]][:60]!r}"
+    return report, hf, info, split
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", rt.FAMILIES)
+@pytest.mark.parametrize("engine,num_proc", [("auto", 1), ("auto", 2), ("tokenizers", 1)])
+def test_every_document_equals_transformers(families, corpus, tmp_path, family, engine, num_proc):
+    texts, saved = corpus
+    report, *_ = tokenize_and_compare(families[family], texts, saved, tmp_path / "out", engine=engine,
+                                      num_proc=num_proc)
+    if engine == "auto":
+        want = "tiktoken" if family in TIKTOKEN_FAMILIES else "tokenizers"
+        assert report["engine"] == want, report["engine_reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", rt.FAMILIES)
+def test_truncation_and_padding_in_tokenizer_json_are_ignored_as_transformers_does(families, corpus, tmp_path, family):
+    texts, saved = corpus
+    folder = rt.with_truncation_and_padding(families[family], tmp_path / "tok")
+    _, _, info, split = tokenize_and_compare(folder, texts, saved, tmp_path / "out")
+    lengths = np.diff(split.doc_offsets)
+    assert lengths.max() > 8 + 1 and len(set(lengths.tolist())) > 10  # neither cut at 8 nor padded to it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", rt.FAMILIES)
+def test_split_special_tokens_makes_special_text_plain(families, tmp_path, family):
+    folder = rt.with_split_special_tokens(families[family], tmp_path / "tok")
+    hf = load_tokenizer(str(folder))
+    specials = [t for t in ("</s>", "<s>", "<|endoftext|>", "<|im_start|>") if t in hf.get_vocab()]
+    texts = [f"before {s} after {s}" for s in specials] * 3 + rt.hard_texts(40, seed=2)
+    saved = saved_text(tmp_path, texts, val_fraction=0.0)
+    report, hf, info, split = tokenize_and_compare(folder, texts, saved, tmp_path / "out")
+    special_ids = {hf.convert_tokens_to_ids(s) for s in specials}
+    for i in range(len(specials)):
+        body = split.document(i).tolist()[:-1]  # without the EOS moai appends
+        assert not special_ids & set(body[len(hf("")["input_ids"]):]), (family, texts[i], body)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", rt.FAMILIES)
+def test_giant_documents_are_encoded_in_exact_pieces(families, tmp_path, monkeypatch, family):
+    """Documents over the limit go through the piece path (limits made small here) with the ids of
+    encoding them whole; the rule was checked on the sample first."""
+    monkeypatch.setattr(encoding, "LARGE_DOCUMENT_BYTES", 16 << 10)
+    monkeypatch.setattr(encoding, "PIECE_BYTES", 2 << 10)
+    small = rt.hard_texts(200, seed=3)
+    giants = ["\n".join(small[i::4]) for i in range(4)]  # ~20-40 KB each, Korean, code, emoji, CRLF
+    texts = small[:20] + giants + small[20:40]
+    saved = saved_text(tmp_path, texts, val_fraction=0.0)
+    report, *_ = tokenize_and_compare(families[family], texts, saved, tmp_path / "out")
+    assert report["large_documents"] == sum(len(t.encode()) > 16 << 10 for t in texts) > 0
+    assert report["forced_cuts"] == 0 and report["large_documents_whole"] is None
+
+
+def test_a_stretch_without_newline_or_space_is_a_counted_forced_cut():
+    data = ("word " * 100 + "x" * 5000 + " tail").encode()
+    cuts, forced = encoding.cut_points(data, 512, max_search=2)
+    assert forced >= 1 and all(data[c] & 0xC0 != 0x80 for c in cuts)
+    assert b"".join(data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])) == data
+
+
+@pytest.mark.parametrize("text,allowed", [
+    ("ab\ncd", [3]), ("ab\n\ncd", []), ("ab \ncd", []), ("ab\n cd", []), ("a b", [1]), ("a  b", []),
+    ("가\n나", [4]), ("가 나", [3]), ("a\u00a0\nb", []), ("a\n\u3000b", []),
+])
+def test_cuts_only_between_solid_characters(text, allowed):
+    arr = np.frombuffer(text.encode(), dtype=np.uint8)
+    assert [i for i in range(len(arr)) if encoding._is_cut(arr, i)] == allowed
