@@ -149,7 +149,7 @@ def test_unpacked_documents_pad_to_a_multiple_of_8_with_masked_labels(tmp_path, 
     saved = tmp_path / "saved"
     saved.mkdir()
     save(parse_config({**BASE, "split": {"val_fraction": 0.0}}).split, text, saved, max_shard_size="1MB")
-    info = describe(load_tokenizer(str(tokenizer_dir)), "t", "fp")
+    info = describe(load_tokenizer(str(tokenizer_dir)), str(tokenizer_dir), "fp")  # tokenize loads it from there
     store = tmp_path / "store"
     store.mkdir()
     tk.tokenize(info, saved, store, num_proc=1, threads_per_proc=1, batch_size=10, progress=False)
