@@ -10,10 +10,16 @@ N times (a 4× corpus for the memory check).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
+
+# benchmarks/tokenize.py shadows the standard library's `tokenize` (imported by transformers via
+# linecache) when a script of this folder runs, because Python puts the script's folder first on sys.path.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse
+import json
 from pathlib import Path
 
 EXTENSIONS = {".py", ".c", ".h", ".js", ".md", ".rst", ".txt"}

@@ -126,3 +126,11 @@ def hard_texts(n: int, seed: int = 0) -> list[str]:
         out.append("".join(rng.choice(bits) + rng.choice(["", " ", "\n", "\r\n", "  ", "\t"])
                            for _ in range(rng.randint(1, 12))))
     return out
+
+
+if __name__ == "__main__":  # python tests/real_tokenizers.py FAMILY OUT_DIR  (benchmarks use it)
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] not in FAMILIES:
+        raise SystemExit(f"usage: python tests/real_tokenizers.py {{{','.join(FAMILIES)}}} OUT_DIR")
+    print(build(sys.argv[1], Path(sys.argv[2])))

@@ -112,6 +112,7 @@ def test_a_stretch_without_newline_or_space_is_a_counted_forced_cut():
 @pytest.mark.parametrize("text,allowed", [
     ("ab\ncd", [3]), ("ab\n\ncd", []), ("ab \ncd", []), ("ab\n cd", []), ("a b", [1]), ("a  b", []),
     ("가\n나", [4]), ("가 나", [3]), ("a\u00a0\nb", []), ("a\n\u3000b", []),
+    ("x */\n/y", []), ("a\n(b", []), ("a (b", []), ("a\n12", [2]), ("a 12", [1]),
 ])
 def test_cuts_only_between_solid_characters(text, allowed):
     arr = np.frombuffer(text.encode(), dtype=np.uint8)

@@ -131,14 +131,13 @@ def test_engine_falls_back_with_the_reason(tok):
     data["normalizer"] = {"type": "Lowercase"}
     changed = dataclasses.replace(info, backend_json=json.dumps(data))
     backend = Tokenizer.from_str(changed.backend_json)
-    spec, reason = tk.choose_engine("auto", changed, ["Some Text"], 1,
-                                    lambda texts: [e.ids for e in backend.encode_batch(texts)])
+    spec, reason = tk.choose_engine("auto", changed, ["Some Text"], 1, [backend.encode("Some Text").ids])
     assert spec is None and "normalizer Lowercase" in reason and "using tokenizers" in reason
 
     reference = tk.transformers_reference(info)
-    spec, reason = tk.choose_engine("tokenizers", info, ["x"], 1, reference)
+    spec, reason = tk.choose_engine("tokenizers", info, ["x"], 1, reference(["x"]))
     assert spec is None and "tokenize.engine is tokenizers" in reason
-    spec, reason = tk.choose_engine("auto", info, make_texts(50), 1, reference)
+    spec, reason = tk.choose_engine("auto", info, make_texts(50), 1, reference(make_texts(50)))
     assert spec is not None and "matches transformers on all 50" in reason
 
 
@@ -151,7 +150,7 @@ def test_an_encoder_that_differs_from_transformers_writes_nothing(tok):
     data["normalizer"] = {"type": "Lowercase"}
     changed = dataclasses.replace(info, backend_json=json.dumps(data))
     with pytest.raises(TokenizerError, match="other ids than transformers on sample document 0"):
-        tk.choose_engine("auto", changed, ["Hello World"], 1, tk.transformers_reference(info))
+        tk.choose_engine("auto", changed, ["Hello World"], 1, tk.transformers_reference(info)(["Hello World"]))
 
 
 def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
@@ -161,5 +160,5 @@ def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
     original = tiktoken_bpe.TiktokenEncoder.encode_batch
     monkeypatch.setattr(tiktoken_bpe.TiktokenEncoder, "encode_batch",
                         lambda self, texts, add_special_tokens=True: [ids[:-1] for ids in original(self, texts)])
-    spec, reason = tk.choose_engine("auto", info, ["hello world"], 1, tk.transformers_reference(info))
+    spec, reason = tk.choose_engine("auto", info, ["hello world"], 1, tk.transformers_reference(info)(["hello world"]))
     assert spec is None and "differ" in reason and "sample document 0" in reason

@@ -66,17 +66,18 @@ def transformers_reference(info: TokenizerInfo) -> Reference:
     return lambda texts: tok(texts, verbose=False)["input_ids"] if texts else []
 
 
-def _first_mismatch(encode: encoding.Encode, reference: Reference, sample: list[str]) -> int | None:
-    for i, (a, b) in enumerate(zip(encode(sample, True), reference(sample))):
+def _first_mismatch(encode: encoding.Encode, want: list[list[int]], sample: list[str]) -> int | None:
+    for i, (a, b) in enumerate(zip(encode(sample, True), want)):
         if list(a) != list(b):
             return i
     return None
 
 
 def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], threads: int,
-                  reference: Reference) -> tuple[TiktokenSpec | None, str]:
+                  want: list[list[int]]) -> tuple[TiktokenSpec | None, str]:
     """(tiktoken spec or None for tokenizers, reason). An engine is used only when its ids equal
-    transformers' on every sampled document; when not even `tokenizers` does, nothing is written."""
+    `want` (transformers' ids of the sample) on every sampled document; when not even `tokenizers`
+    does, nothing is written."""
     spec, reason = None, "tokenize.engine is tokenizers"
     if requested != "tokenizers":
         try:
@@ -86,14 +87,14 @@ def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], thread
             log.log(logging.WARNING if requested == "tiktoken" else logging.INFO, reason)
     if spec is not None:
         bad = _first_mismatch(encoding.make_encoder(info.backend_json, info.split_special_tokens, spec, threads),
-                              reference, sample)
+                              want, sample)
         if bad is None:
             reason = f"tiktoken matches transformers on all {len(sample)} sampled documents"
             log.info(reason)
             return spec, reason
         reason = f"tiktoken ids differ from transformers on sample document {bad} ({sample[bad][:60]!r}); using tokenizers"
         log.warning(reason)
-    bad = _first_mismatch(encoding.make_encoder(info.backend_json, info.split_special_tokens), reference, sample)
+    bad = _first_mismatch(encoding.make_encoder(info.backend_json, info.split_special_tokens), want, sample)
     if bad is not None:
         raise TokenizerError(
             f"tokenizer {info.name_or_path!r}: moai's encoder gives other ids than transformers on sample document "
@@ -103,11 +104,11 @@ def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], thread
 
 
 def check_pieces(spec: TiktokenSpec | None, info: TokenizerInfo, sample: list[str], threads: int,
-                 reference: Reference) -> str | None:
+                 want: list[list[int]]) -> str | None:
     """None when giant documents can be encoded in pieces with exact ids (checked on the sample),
     else why they will be encoded whole."""
     encode = encoding.make_encoder(info.backend_json, info.split_special_tokens, spec, threads)
-    bad = encoding.check_cut_rule(encode, reference, sample)
+    bad = encoding.check_cut_rule(encode, sample, want)
     if bad is not None:
         log.warning("documents over %d MiB will be encoded whole (memory grows with them): %s",
                     encoding.LARGE_DOCUMENT_BYTES >> 20, bad)
@@ -340,7 +341,7 @@ def encode_large(data: memoryview, eos_id: int, dtype: np.dtype) -> tuple[np.nda
     _state["large_documents"] += 1
     pieces = _state["pieces"]
     if pieces is None:
-        ids = np.asarray(_state["encode"]([bytes(data).decode("utf-8")], True)[0], dtype=np.int64)
+        ids = np.asarray(_state["encode"]([bytes(data).decode("utf-8")], True)[0], dtype=np.uint32)
     else:
         ids, forced = pieces.encode_document(data)
         if forced:
@@ -435,9 +436,9 @@ class EngineChoice:
 def choose_encoder(info: TokenizerInfo, text_dir: Path, requested: str, threads: int) -> EngineChoice:
     """Sample the corpus, choose the engine, check it and the piece rule against transformers."""
     sample = sample_texts(text_dir)
-    reference = transformers_reference(info)
-    spec, reason = choose_engine(requested, info, sample, threads, reference)
-    pieces_reason = check_pieces(spec, info, sample, threads, reference)
+    want = transformers_reference(info)(sample)
+    spec, reason = choose_engine(requested, info, sample, threads, want)
+    pieces_reason = check_pieces(spec, info, sample, threads, want)
     setup = EncoderSetup(info.backend_json, info.split_special_tokens, spec, threads, pieces_reason is None)
     return EngineChoice(setup, reason, pieces_reason, sample)
 
