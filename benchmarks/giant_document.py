@@ -90,7 +90,7 @@ def run_prepare(data: Path, tokenizer: Path, work: Path) -> dict:
 def verify(result: dict, text: str, tokenizer: Path) -> str:
     from transformers import AutoTokenizer
 
-    from moai.tokens import TokenStore
+    from moai.formats.tokens import TokenStore
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer))
     want = tok(text)["input_ids"] + [tok.eos_token_id]

@@ -40,7 +40,7 @@ CONTENDERS = ["ceiling", "old-way", "moai-tokenizers", "moai-auto"]
 
 
 def _train_texts(saved: Path) -> list[str]:
-    from moai.textio import open_split_table
+    from moai.formats.text import open_split_table
 
     return open_split_table(saved, "train").column(0).to_pylist()
 

@@ -14,7 +14,7 @@ from conftest import PYTHON, config_dict, make_texts, subprocess_env, write_json
 from moai.config import parse_config
 from moai.errors import CacheError
 from moai.pipeline import prepare
-from moai.tokens import PackedSamples, TokenStore
+from moai.formats.tokens import PackedSamples, TokenStore
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from moai.errors import DataError
 from moai.pipeline import Pipeline
 from moai.stages.convert import convert, source_fingerprint
 from moai.stages.filter import filter_text
-from moai.textio import open_text
+from moai.formats.text import open_text
 
 
 def src(path, **kw):

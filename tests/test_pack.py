@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from moai.stages.pack import concat_chunk, documents_split, length_histogram
-from moai.tokens import position_ids
+from moai.formats.tokens import position_ids
 
 
 @given(num_tokens=st.integers(0, 5000), seq_len=st.integers(2, 700), drop=st.booleans())

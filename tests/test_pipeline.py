@@ -9,7 +9,7 @@ import datasets
 from conftest import config_dict
 from moai.config import parse_config
 from moai.pipeline import prepare
-from moai.tokens import PackedSamples, TokenStore
+from moai.formats.tokens import PackedSamples, TokenStore
 
 
 def built(result):

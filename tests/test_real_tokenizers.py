@@ -16,7 +16,7 @@ import real_tokenizers as rt
 from moai import encoding
 from moai.stages import tokenize as tk
 from moai.stages.tokenizer import describe, load_tokenizer
-from moai.tokens import TokenStore
+from moai.formats.tokens import TokenStore
 from test_tokenize import saved_text
 
 TIKTOKEN_FAMILIES = {"tekken", "qwen"}  # where tiktoken must engage (it is exact for them)

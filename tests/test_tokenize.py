@@ -14,9 +14,9 @@ from moai.errors import TokenizerError
 from moai.stages import tokenize as tk
 from moai.stages.save import save
 from moai.stages.tokenizer import describe, load_tokenizer
-from moai.textio import write_text_dataset
+from moai.formats.text import write_text_dataset
 from moai.tiktoken_bpe import spec_from_tokenizer_json
-from moai.tokens import TokenStore
+from moai.formats.tokens import TokenStore
 
 UNICODE_TEXT = st.text(
     alphabet=st.one_of(

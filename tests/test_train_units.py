@@ -105,7 +105,7 @@ def test_flops_and_peak():
 def test_packed_logits_equal_per_document_logits():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from moai.tokens import position_ids
+    from moai.formats.tokens import position_ids
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -139,7 +139,7 @@ def test_length_grouped_order_is_a_shuffled_permutation_with_similar_neighbours(
 def test_unpacked_documents_pad_to_a_multiple_of_8_with_masked_labels(tmp_path, tokenizer_dir):
     from moai.stages import tokenize as tk
     from moai.stages.tokenizer import describe, load_tokenizer
-    from moai.textio import write_text_dataset
+    from moai.formats.text import write_text_dataset
     from moai.stages.save import save
     from moai.train import DocumentDataset
 
@@ -169,7 +169,7 @@ def test_unpacked_documents_pad_to_a_multiple_of_8_with_masked_labels(tmp_path, 
 def test_model_types_build_and_respect_document_boundaries(model_type, tokenizer_dir):
     from transformers import AutoTokenizer
 
-    from moai.tokens import position_ids
+    from moai.formats.tokens import position_ids
     from moai.train import build_model
 
     t = train_cfg(model_config={"model_type": model_type, "hidden_size": 32, "intermediate_size": 64,

@@ -45,7 +45,7 @@ from typing import Any, BinaryIO, Iterator, NamedTuple
 
 from moai.config import SourceConfig, template_fields
 from moai.errors import DataError
-from moai.textio import write_text_dataset
+from moai.formats.text import write_text_dataset
 
 log = logging.getLogger(__name__)
 

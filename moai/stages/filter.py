@@ -14,7 +14,7 @@ from typing import Any
 
 from moai.config import FilterConfig
 from moai.errors import DataError
-from moai.textio import open_text, text_batches, write_text_dataset
+from moai.formats.text import open_text, text_batches, write_text_dataset
 
 VERSION = 1
 

@@ -1,4 +1,4 @@
-"""pack: a sample index of `seq_len` windows over the token store (see `moai.tokens`).
+"""pack: a sample index of `seq_len` windows over the token store (see `moai.formats.tokens`).
 
 Concatenate-and-chunk: the split's documents, each ending in EOS, form one stream cut into
 consecutive `seq_len` windows. Every token lands in exactly one window, no padding is needed,
@@ -19,7 +19,7 @@ import numpy as np
 
 from moai.config import PackConfig
 from moai.errors import DataError
-from moai.tokens import PACK_FORMAT, TokenStore
+from moai.formats.tokens import PACK_FORMAT, TokenStore
 
 VERSION = 1
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from moai.config import SplitConfig
 from moai.errors import DataError
-from moai.textio import open_text
+from moai.formats.text import open_text
 
 VERSION = 1
 

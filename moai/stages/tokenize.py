@@ -1,4 +1,4 @@
-"""tokenize: saved text → flat token store (see `moai.tokens` for the layout).
+"""tokenize: saved text → flat token store (see `moai.formats.tokens` for the layout).
 
 How it stays at the tokenizer's own speed:
 
@@ -38,8 +38,8 @@ from moai import encoding
 from moai.errors import TokenizerError
 from moai.stages.tokenizer import TokenizerInfo, load_tokenizer
 from moai.tiktoken_bpe import NotExpressible, TiktokenSpec, spec_from_tokenizer_json
-from moai.textio import MappedTable, open_split_table
-from moai.tokens import STORE_FORMAT
+from moai.formats.text import MappedTable, open_split_table
+from moai.formats.tokens import STORE_FORMAT
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 from moai.config import TokenizerConfig, TokenizerTrainConfig
 from moai.errors import TokenizerError
 from moai.store import fingerprint_dir
-from moai.textio import open_text, text_batches
+from moai.formats.text import open_text, text_batches
 
 log = logging.getLogger(__name__)
 

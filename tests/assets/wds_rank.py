@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from moai.data import webdataset_loader
+from moai.formats.webdataset import webdataset_loader
 
 urls, seq_len, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 loader = torch.utils.data.DataLoader(webdataset_loader(urls, seq_len, dtype=dtype, shuffle_buffer=50),

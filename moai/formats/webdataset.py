@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from moai.tokens import PackedSamples
+from moai.formats.tokens import PackedSamples
 
 MANIFEST = "manifest.json"
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 TEXT_SCHEMA = pa.schema([("text", pa.string())])
@@ -94,3 +95,27 @@ class MappedTable:
 def open_split_table(dataset_dir: Path | str, split: str | None = None) -> pa.Table:
     """The memory-mapped table of a `save_to_disk` folder or one split of it (see `MappedTable`)."""
     return MappedTable(dataset_dir, split).table
+
+
+def text_bytes(table: pa.Table) -> np.ndarray:
+    """The UTF-8 byte length of each row of a text table (0 for a null), as int64."""
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    return pc.binary_length(table.column(0)).fill_null(0).to_numpy().astype(np.int64)
+
+
+def row_bytes(column, row: int) -> memoryview:
+    """The UTF-8 bytes of one value of a (chunked) string column, without copying them."""
+    for chunk in column.chunks:
+        if row < len(chunk):
+            break
+        row -= len(chunk)
+    if chunk.null_count and not chunk[row].is_valid:
+        return memoryview(b"")
+    offsets_type = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+    _, offsets_buf, data_buf = chunk.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=offsets_type)
+    start, stop = int(offsets[chunk.offset + row]), int(offsets[chunk.offset + row + 1])
+    return memoryview(data_buf)[start:stop]
