@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import real_tokenizers as rt
-from moai import encoding
 from moai.stages import tokenize as tk
+from moai.stages.tokenize import pieces
 from moai.stages.tokenizer import describe, load_tokenizer
 from moai.formats.tokens import TokenStore
 from test_tokenize import saved_text
@@ -91,8 +91,8 @@ def test_split_special_tokens_makes_special_text_plain(families, tmp_path, famil
 def test_giant_documents_are_encoded_in_exact_pieces(families, tmp_path, monkeypatch, family):
     """Documents over the limit go through the piece path (limits made small here) with the ids of
     encoding them whole; the rule was checked on the sample first."""
-    monkeypatch.setattr(encoding, "LARGE_DOCUMENT_BYTES", 16 << 10)
-    monkeypatch.setattr(encoding, "PIECE_BYTES", 2 << 10)
+    monkeypatch.setattr(pieces, "LARGE_DOCUMENT_BYTES", 16 << 10)
+    monkeypatch.setattr(pieces, "PIECE_BYTES", 2 << 10)
     small = rt.hard_texts(200, seed=3)
     giants = ["\n".join(small[i::4]) for i in range(4)]  # ~20-40 KB each, Korean, code, emoji, CRLF
     texts = small[:20] + giants + small[20:40]
@@ -104,7 +104,7 @@ def test_giant_documents_are_encoded_in_exact_pieces(families, tmp_path, monkeyp
 
 def test_a_stretch_without_newline_or_space_is_a_counted_forced_cut():
     data = ("word " * 100 + "x" * 5000 + " tail").encode()
-    cuts, forced = encoding.cut_points(data, 512, max_search=2)
+    cuts, forced = pieces.cut_points(data, 512, max_search=2)
     assert forced >= 1 and all(data[c] & 0xC0 != 0x80 for c in cuts)
     assert b"".join(data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])) == data
 
@@ -116,4 +116,4 @@ def test_a_stretch_without_newline_or_space_is_a_counted_forced_cut():
 ])
 def test_cuts_only_between_solid_characters(text, allowed):
     arr = np.frombuffer(text.encode(), dtype=np.uint8)
-    assert [i for i in range(len(arr)) if encoding._is_cut(arr, i)] == allowed
+    assert [i for i in range(len(arr)) if pieces._is_cut(arr, i)] == allowed

@@ -12,10 +12,11 @@ from conftest import make_texts
 from moai.config import parse_config
 from moai.errors import TokenizerError
 from moai.stages import tokenize as tk
+from moai.stages.tokenize import parts
 from moai.stages.save import save
 from moai.stages.tokenizer import describe, load_tokenizer
 from moai.formats.text import write_text_dataset
-from moai.tiktoken_bpe import spec_from_tokenizer_json
+from moai.stages.tokenize.tiktoken import spec_from_tokenizer_json
 from moai.formats.tokens import TokenStore
 
 UNICODE_TEXT = st.text(
@@ -77,7 +78,7 @@ def run_tokenize(saved: Path, out: Path, info, num_proc: int, engine: str) -> di
 
 @pytest.mark.parametrize("engine", ["tokenizers", "auto"])
 def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, tok, monkeypatch, engine):
-    monkeypatch.setattr(tk, "PART_MIN_BYTES", 20_000)  # several parts from a small corpus
+    monkeypatch.setattr(parts, "PART_MIN_BYTES", 20_000)  # several parts from a small corpus
     hf, info = tok
     texts = [t for t in make_texts(2600, seed=7) if t.strip()]
     saved = saved_text(tmp_path, texts)
@@ -155,7 +156,7 @@ def test_an_encoder_that_differs_from_transformers_writes_nothing(tok):
 
 def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
     hf, info = tok
-    from moai import tiktoken_bpe
+    from moai.stages.tokenize import tiktoken as tiktoken_bpe
 
     original = tiktoken_bpe.TiktokenEncoder.encode_batch
     monkeypatch.setattr(tiktoken_bpe.TiktokenEncoder, "encode_batch",

@@ -45,7 +45,7 @@ CONTEXT = "\n"
 def make_encoder(backend_json: str, split_special_tokens: bool, spec=None, threads: int = 1) -> Encode:
     """tiktoken when given its spec, else the Rust `tokenizers` pipeline as transformers runs it."""
     if spec is not None:
-        from moai.tiktoken_bpe import TiktokenEncoder
+        from moai.stages.tokenize.tiktoken import TiktokenEncoder
 
         return TiktokenEncoder(spec, threads).encode_batch
     from tokenizers import Tokenizer

@@ -1,6 +1,6 @@
 """The tokenize stage as independent units, for Slurm job arrays and other schedulers.
 
-A tokenize stage's parts (fixed byte ranges of the saved text, see `moai.stages.tokenize`) are
+A tokenize stage's parts (fixed byte ranges of the saved text, see `parts`) are
 dealt round-robin to N shards. A shard publishes each of its parts in the store under
 `tokenize-parts/<tokenize key>-<split>-<index>/`, with the store's guarantees: a finished part is
 never redone (its manifest is the completion marker), two processes on the same part build it
@@ -19,7 +19,8 @@ from typing import Any
 
 from moai.config import ConfigError
 from moai.errors import DataError
-from moai.stages import tokenize as tk
+from moai.stages.tokenize.engine import choose_encoder, clear_encoder, init_encoder
+from moai.stages.tokenize.parts import SPLITS, PartJob, encode_parts, plan_parts, write_store_meta
 from moai.stages.tokenizer import TokenizerInfo
 from moai.store import Store
 
@@ -40,27 +41,27 @@ def run_shard(store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Pa
     if not 0 <= shard_index < num_shards:
         raise ConfigError(f"--shard-index {shard_index} must be in [0, {num_shards})")
     started = time.perf_counter()
-    jobs = [j for pos, j in enumerate(tk.plan_parts(info, text_dir, Path("."), batch_size))
+    jobs = [j for pos, j in enumerate(plan_parts(info, text_dir, Path("."), batch_size))
             if shard_of(pos, num_shards) == shard_index]
     todo = [j for j in jobs if not store.exists(PARTS_STAGE, part_key(tokenize_key, j.split, j.index))]
     built = 0
     reason = "no part left to encode"
     if todo:
-        choice = tk.choose_encoder(info, text_dir, engine, threads)
+        choice = choose_encoder(info, text_dir, engine, threads)
         reason = choice.engine_reason
-        tk.init_encoder(choice.setup)
+        init_encoder(choice.setup)
         try:
             for job in todo:
                 def build(out: Path, job=job) -> dict[str, Any]:
                     (out / job.split).mkdir()
-                    r = tk.encode_parts([tk.PartJob(job.text_dir, job.split, job.index, job.start, job.stop, str(out),
-                                                    job.dtype, job.eos_id, job.batch_size)])[0]
+                    r = encode_parts([PartJob(job.text_dir, job.split, job.index, job.start, job.stop, str(out),
+                                              job.dtype, job.eos_id, job.batch_size)])[0]
                     return {**r, "engine": choice.engine}
 
                 if store.build(PARTS_STAGE, part_key(tokenize_key, job.split, job.index), build).built:
                     built += 1
         finally:
-            tk.clear_encoder()
+            clear_encoder()
     return {"shard": shard_index, "num_shards": num_shards, "parts": len(jobs), "built": built,
             "skipped": len(jobs) - built, "engine_reason": reason,
             "seconds": round(time.perf_counter() - started, 3)}
@@ -70,8 +71,8 @@ def merge(store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Path, 
           num_shards: int | None = None) -> dict[str, Any]:
     """Build the token store in `out_dir` from published parts; a clear error lists missing ones."""
     started = time.perf_counter()
-    jobs = tk.plan_parts(info, text_dir, out_dir, batch_size=1)
-    for split in tk.SPLITS:
+    jobs = plan_parts(info, text_dir, out_dir, batch_size=1)
+    for split in SPLITS:
         (out_dir / split).mkdir(parents=True, exist_ok=True)
     missing = [(pos, j) for pos, j in enumerate(jobs)
                if not store.exists(PARTS_STAGE, part_key(tokenize_key, j.split, j.index))]
@@ -92,7 +93,7 @@ def merge(store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Path, 
             _link_or_copy(part.path / f"{rel}{suffix}", out_dir / f"{rel}{suffix}")
         results.append({k: part.manifest["report"][k] for k in ("index", "split", "num_documents", "num_tokens", "bin", "idx")})
         engines.add(part.manifest["report"]["engine"])
-    splits = tk.write_store_meta(info, out_dir, results)
+    splits = write_store_meta(info, out_dir, results)
     tokens = sum(s["num_tokens"] for s in splits.values())
     docs = sum(s["num_documents"] for s in splits.values())
     return {"rows_in": docs, "rows_out": docs, "documents": docs, "tokens": tokens,

@@ -1,0 +1,177 @@
+"""tokenize: saved text → flat token store (see `moai.formats.tokens` for the layout).
+
+How it stays at the tokenizer's own speed:
+
+- Each split is cut into fixed row ranges ("parts"). A worker memory-maps the saved Arrow
+  shards itself and reads its rows: no text is pickled through a pipe.
+- Each part is encoded in batches with `encode_batch_fast` (no offsets), converted to uint16 /
+  uint32 per document by NumPy, and written by the worker to its own `.bin`/`.idx`: there is no
+  single writer that every token funnels through.
+- Workers start with `spawn` and build their own tokenizer from the exact backend pipeline the
+  main process loaded; the number of processes and Rayon threads each comes from the hardware
+  plan. With one process (small machines) the work runs in this process, no start-up cost.
+
+Memory is bounded by one batch per worker (plus the document offsets being written), whatever
+the corpus size; a document larger than a batch is read from the mapped file and encoded in
+pieces at places where that gives the same ids (`pieces`), so one giant document does not
+take the machine down either. Every document gets EOS appended after the tokenizer's own special
+tokens, so a document's ids equal `tokenizer(text)["input_ids"] + [eos]`: before anything is
+written, the chosen engine is checked against transformers itself on a sample of the corpus.
+
+The package: `engine` (sampling the corpus, choosing and checking the encoder), `parts` (part
+planning, encoding and writing parts, `tokens.json`), `pieces` (exact encoding of giant documents
+in pieces), `tiktoken` (a tokenizer.json as a tiktoken encoding, when exact), `units` (the stage
+as independent shard units and their merge). This module is the stage's public API.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable
+
+# Constants are re-exported to be read; to change one, patch it in its module (`parts`, `pieces`).
+from moai.stages.tokenize.engine import (
+    VERIFY_BYTES,
+    VERIFY_DOCUMENT_BYTES,
+    VERIFY_DOCUMENTS,
+    EncoderSetup,
+    EngineChoice,
+    Reference,
+    check_pieces,
+    choose_encoder,
+    choose_engine,
+    clear_encoder,
+    init_encoder,
+    sample_texts,
+    transformers_reference,
+)
+from moai.stages.tokenize.parts import (
+    BATCH_MAX_BYTES,
+    MAX_PARTS,
+    PART_MIN_BYTES,
+    SPLITS,
+    PartJob,
+    encode_documents,
+    encode_large,
+    encode_part,
+    encode_parts,
+    part_ranges,
+    plan_parts,
+    token_dtype,
+    write_store_meta,
+)
+from moai.stages.tokenizer import TokenizerInfo
+
+__all__ = [
+    "BATCH_MAX_BYTES", "MAX_PARTS", "PART_MIN_BYTES", "SPLITS", "VERIFY_BYTES", "VERIFY_DOCUMENT_BYTES",
+    "VERIFY_DOCUMENTS", "VERSION", "WARM_UP_DOCUMENTS", "EncoderSetup", "EngineChoice", "PartJob", "Reference",
+    "check_pieces", "choose_encoder", "choose_engine", "clear_encoder", "encode_documents", "encode_large",
+    "encode_part", "encode_parts", "init_encoder", "part_ranges", "plan_parts", "sample_texts", "token_dtype",
+    "tokenize", "transformers_reference", "write_store_meta",
+]
+
+log = logging.getLogger(__name__)
+
+# 2: the backend runs as transformers runs it (no truncation/padding from tokenizer.json,
+# split_special_tokens applied); giant documents in exact pieces; checked against transformers.
+VERSION = 2
+WARM_UP_DOCUMENTS = 64
+
+
+def _peak_rss_mb() -> tuple[float, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return round(own, 1), round(children, 1)
+
+
+def tokenize(
+    info: TokenizerInfo,
+    text_dir: Path,
+    out_dir: Path,
+    *,
+    num_proc: int,
+    threads_per_proc: int,
+    batch_size: int,
+    engine: str = "auto",
+    progress: bool = True,
+    on_progress: Callable[[float], None] | None = None,
+) -> dict[str, Any]:
+    """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`."""
+    from tqdm.auto import tqdm
+
+    log.info("tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
+             info.name_or_path, info.vocab_size, info.eos_id)
+    choice = choose_encoder(info, text_dir, engine, threads_per_proc)
+    dtype = token_dtype(info.vocab_size)
+    jobs = plan_parts(info, text_dir, out_dir, batch_size)
+    for split in SPLITS:
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
+    total_docs = sum(j.stop - j.start for j in jobs)
+    num_proc = max(1, min(num_proc, len(jobs)))
+    warm_up = choice.sample[:WARM_UP_DOCUMENTS]
+    if num_proc == 1:  # workers warm up in their initializer, before their first part
+        init_encoder(choice.setup, None, warm_up)
+    started = time.perf_counter()
+
+    bar = tqdm(total=total_docs, unit="doc", desc="tokenize", disable=not progress, mininterval=0.5)
+    done_tokens = done_docs = 0
+    reported = 0.0
+
+    def advance(docs: int, tokens: int) -> None:
+        nonlocal done_tokens, done_docs, reported
+        done_tokens += tokens
+        done_docs += docs
+        bar.update(docs)
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix_str(f"{done_tokens / elapsed:,.0f} tok/s", refresh=False)
+        fraction = done_docs / max(total_docs, 1)
+        if on_progress is not None and (fraction - reported >= 0.02 or fraction >= 1.0):
+            reported = fraction
+            on_progress(fraction)
+
+    results: list[dict[str, int]] = []
+    try:
+        if num_proc == 1:
+            results = encode_parts(jobs, on_batch=advance)
+        else:
+            ctx = get_context("spawn")
+            with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=init_encoder,
+                                     initargs=(choice.setup, threads_per_proc, warm_up)) as pool:
+                futures = {pool.submit(encode_part, job): job for job in jobs}
+                for fut in as_completed(futures):
+                    r = fut.result()
+                    results.append(r)
+                    advance(r["num_documents"], r["num_tokens"])
+    finally:
+        bar.close()
+        clear_encoder()  # drop this process's tokenizer and table maps (inline mode)
+
+    seconds = time.perf_counter() - started
+    splits = write_store_meta(info, out_dir, results)
+    num_tokens = sum(s["num_tokens"] for s in splits.values())
+    own_mb, workers_mb = _peak_rss_mb()
+    return {
+        "rows_in": total_docs,
+        "rows_out": total_docs,
+        "documents": total_docs,
+        "tokens": num_tokens,
+        "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(num_tokens / seconds, 1) if seconds > 0 else None,
+        "engine": choice.engine,
+        "engine_reason": choice.engine_reason,
+        "large_documents": sum(r.get("large_documents", 0) for r in results),
+        "forced_cuts": sum(r.get("forced_cuts", 0) for r in results),
+        "large_documents_whole": choice.pieces_reason,
+        "processes": num_proc,
+        "threads_per_process": threads_per_proc,
+        "dtype": dtype.name,
+        "peak_rss_mb": own_mb,
+        "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
+        "warnings": info.warnings,
+    }

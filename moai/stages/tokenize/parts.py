@@ -1,0 +1,250 @@
+"""The tokenize stage's parts: fixed row ranges of the saved text, each encoded into its own files.
+
+- Each split is cut into fixed row ranges ("parts") by text bytes alone, so the files come out
+  the same for any number of workers (`part_ranges`, `plan_parts`).
+- A process memory-maps the saved Arrow shards itself and reads its rows: no text is pickled
+  through a pipe. Parts are encoded in batches of bounded text (`encode_parts`), converted to
+  uint16 / uint32 per document by NumPy, and written by that process to the part's own
+  `.bin`/`.idx`: there is no single writer that every token funnels through.
+- A document larger than a batch is read from the mapped file and encoded on its own, in exact
+  pieces where the tokenizer allows it (`encode_large`, see `pieces`).
+
+Every document gets EOS appended after the tokenizer's own special tokens. The encoder is the
+one `engine.init_encoder` set up in this process. `write_store_meta` writes `tokens.json` for
+the parts (see `moai.formats.tokens` for the layout).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moai.formats.text import MappedTable, open_split_table, row_bytes, text_bytes
+from moai.formats.tokens import STORE_FORMAT
+from moai.stages.tokenize import pieces
+from moai.stages.tokenize.engine import state
+from moai.stages.tokenizer import TokenizerInfo
+
+log = logging.getLogger("moai.stages.tokenize")  # the stage's log lines keep the stage's name
+
+SPLITS = ("train", "validation")
+MAX_PARTS = 64  # parts per split: enough to keep 64 workers busy
+PART_MIN_BYTES = 1 << 20  # few files for small data
+BATCH_MAX_BYTES = 4 << 20  # text per encode call, whatever the document count
+
+
+def part_ranges(text_bytes: np.ndarray) -> list[tuple[int, int]]:
+    """Row ranges of a split's parts, cut at equal shares of text bytes.
+
+    A function of the data alone (not of the worker count), so the files come out the same for any
+    number of workers. Parts hold at least PART_MIN_BYTES of text, and there are at most MAX_PARTS.
+    """
+    rows = len(text_bytes)
+    if rows == 0:
+        return []
+    cum = np.cumsum(text_bytes, dtype=np.int64)
+    total = int(cum[-1])
+    parts = int(min(MAX_PARTS, rows, max(1, total // PART_MIN_BYTES)))
+    # cut after the row holding each 1/parts share of the bytes
+    cuts = np.minimum(np.searchsorted(cum, (np.arange(1, parts) * total) // parts, side="left") + 1, rows)
+    bounds = np.unique(np.concatenate([[0], cuts, [rows]]))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+@dataclass(frozen=True)
+class PartJob:
+    text_dir: str
+    split: str
+    index: int
+    start: int
+    stop: int
+    out_dir: str
+    dtype: str
+    eos_id: int
+    batch_size: int
+
+
+def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Encode texts with the process's encoder: (flat ids with EOS after each, document lengths)."""
+    ids = state["encode"](texts, True)
+    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    ends = np.cumsum(lengths)
+    flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+    start = 0
+    for x, end in zip(ids, ends):
+        flat[start : end - 1] = x
+        start = end
+    flat[ends - 1] = eos_id
+    return flat, lengths
+
+
+def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
+    """Encode and write parts in order, as one pipelined stream of batches (no bubble between parts)."""
+    tables = state["tables"]
+
+    def batches():
+        """Lists of (job, texts) pieces across part edges, of at most batch_size documents and
+        about BATCH_MAX_BYTES of text together: memory per batch is bounded for any document size.
+        A document over LARGE_DOCUMENT_BYTES is a group of its own: (job, its mapped bytes)."""
+        group, docs, size = [], 0, 0
+        for job in jobs:
+            key = (job.text_dir, job.split)
+            if key not in tables:
+                tables[key] = MappedTable(job.text_dir, job.split)
+            table = tables[key].table
+            sizes = text_bytes(table.slice(job.start, job.stop - job.start))
+            cum = np.cumsum(sizes)
+            large = list(np.flatnonzero(sizes > pieces.LARGE_DOCUMENT_BYTES)) + [len(sizes)]
+            lo = 0
+            while lo < len(cum):
+                if lo == large[0]:
+                    if group:
+                        yield group
+                        group, docs, size = [], 0, 0
+                    yield [(job, row_bytes(table.column(0), job.start + lo))]
+                    large.pop(0)
+                    lo += 1
+                    continue
+                before = int(cum[lo - 1]) if lo else 0
+                by_bytes = int(np.searchsorted(cum, before + BATCH_MAX_BYTES - size, side="left")) + 1
+                hi = min(len(cum), lo + job.batch_size - docs, max(by_bytes, lo + 1), large[0])
+                texts = table.slice(job.start + lo, hi - lo).column(0).fill_null("").to_pylist()
+                group.append((job, texts))
+                docs, size = docs + (hi - lo), size + int(cum[hi - 1]) - before
+                lo = hi
+                if docs >= job.batch_size or size >= BATCH_MAX_BYTES:
+                    yield group
+                    group, docs, size = [], 0, 0
+        if group:
+            yield group
+
+    def encode(group):
+        """Encode a group in one call, then cut the ids back into its pieces."""
+        if isinstance(group[0][1], memoryview):
+            job, data = group[0]
+            return [(job, encode_large(data, job.eos_id, np.dtype(job.dtype)))]
+        texts = [t for _, piece in group for t in piece]
+        flat, lengths = encode_documents(texts, group[0][0].eos_id, np.dtype(group[0][0].dtype))
+        out, doc, tok = [], 0, 0
+        for job, piece in group:
+            n = len(piece)
+            ntok = int(lengths[doc : doc + n].sum())
+            out.append((job, (flat[tok : tok + ntok], lengths[doc : doc + n])))
+            doc, tok = doc + n, tok + ntok
+        return out
+
+    results: list[dict[str, int]] = []
+    current = None
+    files = None
+    try:
+        for job, (flat, lengths) in (piece for group in _pipelined(batches(), encode) for piece in group):
+            if job is not current:
+                if files:
+                    files[0].close(), files[1].close()
+                current = job
+                stem = Path(job.out_dir) / job.split / f"part-{job.index:05d}"
+                files = (open(f"{stem}.bin", "wb"), open(f"{stem}.idx", "wb"))
+                results.append({"index": job.index, "split": job.split, "num_documents": 0, "num_tokens": 0,
+                                "bin": f"{job.split}/{stem.name}.bin", "idx": f"{job.split}/{stem.name}.idx"})
+            r = results[-1]
+            files[0].write(flat.tobytes())
+            files[1].write((np.cumsum(lengths) + r["num_tokens"]).astype("<i8").tobytes())
+            r["num_tokens"] += len(flat)
+            r["num_documents"] += len(lengths)
+            if on_batch is not None:
+                on_batch(len(lengths), len(flat))
+            for t in tables.values():
+                t.release()  # text already read: keep resident memory flat over the corpus
+    finally:
+        if files:
+            files[0].close(), files[1].close()
+    for r in results:  # giant documents are counted per process; the first result carries the count
+        r["large_documents"], r["forced_cuts"] = state["large_documents"], state["forced_cuts"]
+        state["large_documents"] = state["forced_cuts"] = 0
+    return results
+
+
+def encode_large(data: memoryview, eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One giant document, in exact pieces where the tokenizer allows it (else whole)."""
+    state["large_documents"] += 1
+    piece_encoder = state["pieces"]
+    if piece_encoder is None:
+        ids = np.asarray(state["encode"]([bytes(data).decode("utf-8")], True)[0], dtype=np.uint32)
+    else:
+        ids, forced = piece_encoder.encode_document(data)
+        if forced:
+            log.warning("a %d MB document has %d stretch(es) of %d MiB without a newline or space; cut there "
+                        "(ids next to such a cut may differ from transformers)", len(data) >> 20, forced,
+                        pieces.MAX_SEARCH_PIECES * pieces.PIECE_BYTES >> 20)
+        state["forced_cuts"] += forced
+    flat = np.empty(len(ids) + 1, dtype=dtype)
+    flat[:-1] = ids
+    flat[-1] = eos_id
+    return flat, np.array([len(flat)], dtype=np.int64)
+
+
+def encode_part(job: PartJob) -> dict[str, int]:
+    """One part, in a worker process."""
+    return encode_parts([job])[0]
+
+
+def _pipelined(items, fn, ahead: int = 2):
+    """Yield fn(item) for each item in order, with `ahead` calls running in helper threads.
+
+    The encoders release the GIL, so two batches in flight keep every core busy through the tail
+    of each batch (the longest documents) while this thread converts and writes.
+    """
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(ahead) as ex:
+        pending: deque = deque()
+        for item in items:
+            pending.append(ex.submit(fn, item))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def plan_parts(info: TokenizerInfo, text_dir: Path, out_dir: Path, batch_size: int) -> list[PartJob]:
+    """Every part of every split, in order, writing under out_dir/<split>/."""
+    dtype = token_dtype(info.vocab_size)
+    jobs: list[PartJob] = []
+    for split in SPLITS:
+        sizes = text_bytes(open_split_table(text_dir, split))
+        for i, (lo, hi) in enumerate(part_ranges(sizes)):
+            jobs.append(PartJob(str(text_dir), split, i, lo, hi, str(out_dir), dtype.str, info.eos_id, batch_size))
+    return jobs
+
+
+def write_store_meta(info: TokenizerInfo, out_dir: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write tokens.json for the parts in `results`; return its per-split summary."""
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        parts = sorted((r for r in results if r["split"] == split), key=lambda r: r["index"])
+        splits[split] = {
+            "num_tokens": sum(p["num_tokens"] for p in parts),
+            "num_documents": sum(p["num_documents"] for p in parts),
+            "parts": [{k: p[k] for k in ("bin", "idx", "num_tokens", "num_documents")} for p in parts],
+        }
+    meta = {
+        "format": STORE_FORMAT,
+        "dtype": token_dtype(info.vocab_size).str,
+        "eos_id": info.eos_id,
+        "vocab_size": info.vocab_size,
+        "tokenizer": info.name_or_path,
+        "tokenizer_fingerprint": info.fingerprint,
+        "splits": splits,
+    }
+    (out_dir / "tokens.json").write_text(json.dumps(meta, indent=2))
+    return splits
