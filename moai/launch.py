@@ -1,4 +1,7 @@
-"""Starting `accelerate launch python -m moai.train`: the argument list (pure) and the runner.
+"""Starting `accelerate launch python -m moai.train`: what the ranks read, the argument list (pure), the runner.
+
+`resolve` writes what the training processes read: RESOLVED.json, a typed `ResolvedRun` that
+each of them validates (see `moai.train.resolved`), and the base accelerate config.
 
 `launch_command` turns the train config and the machine into the exact `accelerate launch`
 argument list and environment; it is a pure function, tested with tables. `run_launch` starts it
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moai.config import PipelineConfig, TrainConfig
+from moai.train.resolved import DataPaths, ResolvedRun
 
 # `accelerate launch` reads ~/.cache/huggingface/accelerate/default_config.yaml when no config file
 # is given; we always pass one, so a user's leftover default cannot change a run.
@@ -81,15 +85,15 @@ def launch_command(t: TrainConfig, resolved_path: str, *, num_gpus: int, port: i
     return Launch(argv, env, total)
 
 
-def resolve(config: PipelineConfig, data: dict[str, Any], loader_workers: int) -> Path:
-    """Write RESOLVED.json (config + data paths) and the base accelerate config into the output dir."""
+def resolve(config: PipelineConfig, data: DataPaths | dict[str, Any], loader_workers: int) -> Path:
+    """Write RESOLVED.json (a `ResolvedRun`: config + data paths) and the base accelerate config
+    into the output dir; `data` holds token_store, sample_index and tokenizer, nothing else."""
     out = Path(config.train.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # Absolute, so the launched ranks find everything whatever their working directory.
     config = config.model_copy(update={"train": config.train.model_copy(update={"output_dir": str(out)})})
-    path = out / "resolved.json"
-    path.write_text(json.dumps({"config": config.model_dump(mode="json", by_alias=True), "data": data,
-                                "loader_workers": loader_workers}, indent=2))
+    path = ResolvedRun(config=config, data=DataPaths.model_validate(data), loader_workers=loader_workers
+                       ).write(out / "resolved.json")
     import yaml
 
     (out / "accelerate.yaml").write_text(yaml.safe_dump(BASE_ACCELERATE_CONFIG))

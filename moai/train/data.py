@@ -1,0 +1,188 @@
+"""Training data: the order of samples, the datasets, and this rank's loader.
+
+The order is a pure function of (seed, epoch, i), sharded by rank (`sample_ids`), so resuming at
+step S needs only S: O(1), no batches replayed, and ranks read disjoint samples. Costs: one
+permutation of the split (8 bytes a sample) per epoch, held for the epoch in progress; the
+datasets memory-map the stage outputs, and `DocumentDataset` also keeps two int64 arrays with one
+entry per seq_len piece of a document.
+
+- packed mode (`PackedDataset`): windows of the pack stage's sample index, every one seq_len long;
+  `position_ids` restart at each document, which is what masks attention between documents;
+- unpacked mode (`DocumentDataset`): one item per document, or per seq_len piece of a longer
+  one, padded per micro-batch; the order groups similar lengths so little is padding.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+
+from moai.config import TrainConfig
+
+if TYPE_CHECKING:
+    from moai.train.resolved import DataPaths
+
+
+def epoch_order(seed: int, epoch: int, num_samples: int, lengths: np.ndarray | None = None,
+                group: int = 0) -> np.ndarray:
+    """The order of samples in an epoch: a seeded permutation; with `lengths`, each window of
+    `group` consecutive samples is sorted longest first, so a micro-batch holds similar lengths
+    (little padding) while the epoch stays shuffled."""
+    order = np.random.default_rng([seed, epoch]).permutation(num_samples)
+    if lengths is None or group <= 1:
+        return order
+    for lo in range(0, num_samples, group):
+        window = order[lo : lo + group]
+        order[lo : lo + group] = window[np.argsort(-lengths[window], kind="stable")]
+    return order
+
+
+def sample_ids(seed: int, num_samples: int, step: int, micro: int, rank: int, world: int, micro_batch: int,
+               grad_accum: int, cache: dict | None = None, order=None) -> list[int]:
+    """Sample indices of one micro-batch: rank `rank`'s share of micro-step `micro` of optimizer step `step`.
+
+    Global position p of each sample runs over (step, micro, rank, j); epoch = p // num_samples and
+    the sample is that epoch's order at p % num_samples. Ranks get disjoint positions.
+    """
+    cache = {} if cache is None else cache
+    order = order or (lambda epoch: epoch_order(seed, epoch, num_samples))
+    base = ((step * grad_accum + micro) * world + rank) * micro_batch
+    out = []
+    for p in range(base, base + micro_batch):
+        epoch, i = divmod(p, num_samples)
+        if epoch not in cache:
+            cache.clear()
+            cache[epoch] = order(epoch)
+        out.append(int(cache[epoch][i]))
+    return out
+
+
+class PackedDataset:
+    """Map-style dataset over a pack stage split: item i -> input_ids, position_ids, labels."""
+
+    lengths = None  # every sample is seq_len long: no grouping needed
+
+    def __init__(self, pack_dir: str, split: str):
+        from moai.tokens import PackedSamples
+
+        self.samples = PackedSamples(pack_dir, split)
+        self.seq_len = self.samples.seq_len
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        s = self.samples[i]
+        ids = torch.from_numpy(s["input_ids"])
+        return {"input_ids": ids, "position_ids": torch.from_numpy(s["position_ids"]), "labels": ids.clone()}
+
+    @staticmethod
+    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+
+class DocumentDataset:
+    """Unpacked mode (`pack.enabled: false`): item i is one document of the token store, or one
+    seq_len piece of a longer one; batches are padded (see `collate`)."""
+
+    def __init__(self, store_dir: str, split: str, seq_len: int, pad_id: int):
+        from moai.tokens import TokenStore
+
+        self.tokens = TokenStore(store_dir).split(split)
+        self.seq_len, self.pad_id = seq_len, pad_id
+        offs = self.tokens.doc_offsets
+        doc_len = np.diff(offs)
+        pieces = -(-doc_len // seq_len)
+        doc = np.repeat(np.arange(len(doc_len)), pieces)
+        k = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+        starts = offs[:-1][doc] + k * seq_len
+        lengths = np.minimum(starts + seq_len, offs[1:][doc]) - starts
+        # A one-token piece has no next token to predict: it adds nothing but could make a
+        # micro-batch of nothing to predict (a NaN loss), so such pieces are left out.
+        keep = lengths >= 2
+        self.starts, self.lengths = starts[keep], lengths[keep]
+        self.dropped_tokens = int(lengths[~keep].sum())
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        start = int(self.starts[i])
+        return {"input_ids": torch.from_numpy(self.tokens.tokens(start, start + int(self.lengths[i])).astype(np.int64))}
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Pad to the longest item rounded up to a multiple of 8; labels -100 on padding."""
+        import torch
+
+        longest = max(len(it["input_ids"]) for it in items)
+        width = -(-longest // 8) * 8
+        ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        for row, it in enumerate(items):
+            n = len(it["input_ids"])
+            ids[row, :n] = it["input_ids"]
+            mask[row, :n] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+Dataset = Union[PackedDataset, DocumentDataset]
+
+
+def open_data(data: DataPaths, split: str, seq_len: int, pad_id: int) -> Dataset:
+    """The split as packed samples when the pack stage ran, else as documents of the token store."""
+    if data.sample_index:
+        return PackedDataset(data.sample_index, split)
+    return DocumentDataset(data.token_store, split, seq_len, pad_id)
+
+
+class StepBatches:
+    """Batch sampler for this rank from a given step on: yields lists of sample ids, O(1) to start."""
+
+    # Length-grouping window, in global batches (unpacked mode).
+    GROUP_BATCHES = 16
+
+    def __init__(self, t: TrainConfig, num_samples: int, rank: int, world: int, start_step: int,
+                 lengths: np.ndarray | None = None):
+        self.t, self.n, self.rank, self.world, self.start = t, num_samples, rank, world, start_step
+        group = self.GROUP_BATCHES * t.micro_batch_size * t.grad_accum_steps * world
+        self.order = lambda epoch: epoch_order(t.seed, epoch, num_samples, lengths, group)
+        self._cache: dict = {}
+
+    def __iter__(self):
+        t = self.t
+        for step in range(self.start, t.max_steps):
+            for micro in range(t.grad_accum_steps):
+                yield sample_ids(t.seed, self.n, step, micro, self.rank, self.world, t.micro_batch_size,
+                                 t.grad_accum_steps, self._cache, self.order)
+
+    def __len__(self) -> int:
+        return (self.t.max_steps - self.start) * self.t.grad_accum_steps
+
+
+def make_loader(data: Dataset, t: TrainConfig, rank: int, world: int, start_step: int, workers: int):
+    """This rank's DataLoader from `start_step` on; `workers` processes read and collate ahead."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    return DataLoader(data, batch_sampler=StepBatches(t, len(data), rank, world, start_step, data.lengths),
+                      collate_fn=data.collate, num_workers=workers, pin_memory=torch.cuda.is_available(),
+                      persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
+
+
+def record_first_samples(output_dir: Path, data: Dataset, t: TrainConfig, rank: int, world: int,
+                         start_step: int) -> None:
+    """Write `ranks/rank-<rank>.json`: the samples this rank reads first, so sharding can be checked."""
+    first = next(iter(StepBatches(t, len(data), rank, world, start_step, data.lengths)), [])
+    (output_dir / "ranks").mkdir(exist_ok=True)
+    (output_dir / "ranks" / f"rank-{rank}.json").write_text(json.dumps(
+        {"rank": rank, "world_size": world, "start_step": start_step, "first_samples": first}))

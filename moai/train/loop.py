@@ -1,0 +1,206 @@
+"""The training process: build from a `ResolvedRun`, run the optimizer steps, finish.
+
+`train` reads like torchtitan's main: set up Accelerate, build (tokenizer, data, model,
+optimizer), resume, run the steps, finish; each is a named function here or in the sibling
+modules. Speed: bf16 autocast on GPU, TF32, SDPA or flex_attention, optional torch.compile, fused
+AdamW on CUDA, gradient accumulation (no gradient sync but on the last micro-step), gradient
+clipping. Costs per step: grad_accum_steps forward and backward passes and one gradient
+all-reduce; a log line adds two scalar all-reduces, an eval `eval_batches` forward passes, a
+checkpoint the writes described in `checkpoint`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moai.config import TrainConfig
+from moai.train.checkpoint import TrainState, resume, run_identity, save_checkpoint, save_final
+from moai.train.data import Dataset, PackedDataset, make_loader, open_data, record_first_samples
+from moai.train.metrics import MetricsWriter, Throughput, eval_line
+from moai.train.model import attention_kind, build_model, build_optimizer, flops_per_token, peak_flops
+from moai.train.resolved import ResolvedRun
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """The pieces one training process built, shared by the steps, evaluation and checkpoints."""
+
+    t: TrainConfig
+    out: Path
+    accelerator: Any
+    tokenizer: Any
+    val_data: Dataset
+    model: Any  # what forward and backward use: prepared for the processes, maybe compiled
+    raw_model: Any  # the plain module: what checkpoints save (no DDP or compile prefix in the names)
+    optimizer: Any
+    scheduler: Any
+    state: TrainState
+    metrics: MetricsWriter
+    seq_len: int
+    token_flops: float  # training FLOPs per token (`flops_per_token`), for MFU
+    peak: float | None  # this GPU's bf16 peak FLOP/s, for MFU; None: unknown (or no GPU)
+
+
+def train(job: ResolvedRun) -> dict[str, Any]:
+    """Train as `job` says, from the newest checkpoint in train.output_dir if there is one; return
+    the end of the run: its step, its last log line and, once max_steps is reached, the final eval
+    and where the final model is."""
+    import torch
+    from accelerate.utils import set_seed
+    from transformers import AutoTokenizer
+
+    t, out = job.train, Path(job.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    accelerator, mixed, tracker = start_accelerator(t, out)
+    set_seed(t.seed)  # same initial weights on every rank
+
+    tokenizer = AutoTokenizer.from_pretrained(job.data.tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    train_data = open_data(job.data, "train", job.config.pack.seq_len, pad_id)
+    val_data = open_data(job.data, "validation", job.config.pack.seq_len, pad_id)
+    seq_len = train_data.seq_len
+    attn = attention_kind(t, torch.cuda.is_available(), isinstance(train_data, PackedDataset))
+    model = build_model(t, len(tokenizer), tokenizer, attn)
+    num_params = sum(p.numel() for p in model.parameters())
+    fpt = flops_per_token(model.config, num_params, seq_len)
+    optimizer, scheduler = build_optimizer(model, t)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    raw_model = accelerator.unwrap_model(model)
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    state, resumed = resume(out, accelerator, raw_model, optimizer, scheduler,
+                            run_identity(t, world, seq_len, len(train_data)))
+    metrics = MetricsWriter(accelerator, out, start_step=state.step)
+    if t.compile:
+        model = torch.compile(model)
+    if tracker:
+        accelerator.init_trackers("moai", config={"max_steps": t.max_steps, "lr": t.lr, "seq_len": seq_len})
+    loader = make_loader(train_data, t, rank, world, state.step, job.loader_workers)
+    record_first_samples(out, train_data, t, rank, world, state.step)
+
+    device_name = torch.cuda.get_device_name(accelerator.device) if torch.cuda.is_available() else None
+    metrics.write({"event": "start", "step": state.step, "world_size": world, "parameters": num_params,
+                   "train_samples": len(train_data), "seq_len": seq_len, "device": device_name or "cpu",
+                   "mixed_precision": mixed, "attention": attn, "resumed": resumed})
+    run = Run(t, out, accelerator, tokenizer, val_data, model, raw_model, optimizer, scheduler, state, metrics,
+              seq_len, fpt, peak_flops(device_name))
+    stop_at = min(t.max_steps, state.step + t.stop_after_steps) if t.stop_after_steps else t.max_steps
+    last = run_steps(run, loader, stop_at)
+    return finish(run, last)
+
+
+def start_accelerator(t: TrainConfig, out: Path):
+    """The Accelerator for this process, with its mixed precision and tracker (None: none)."""
+    import torch
+    from accelerate import Accelerator
+
+    mixed = t.mixed_precision or ("bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no")
+    tracker = None if t.tracker == "none" else t.tracker
+    if tracker == "mlflow" and importlib.util.find_spec("mlflow") is None:
+        raise ValueError("train.tracker mlflow needs the mlflow package (pip install mlflow); "
+                         "MLFLOW_TRACKING_URI picks the server")
+    accelerator = Accelerator(mixed_precision=mixed, log_with=tracker, project_dir=str(out))
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return accelerator, mixed, tracker
+
+
+def run_steps(run: Run, loader, stop_at: int) -> dict[str, Any]:
+    """Optimizer steps from run.state.step up to `stop_at`, logging, evaluating and saving on
+    schedule; return the last log line."""
+    t, state = run.t, run.state
+    world = run.accelerator.num_processes
+    run.model.train()
+    window = Throughput(run.accelerator.device)
+    batches = iter(loader)
+    last: dict[str, Any] = {}
+    while state.step < stop_at:
+        lr = run.scheduler.get_last_lr()[0]  # the rate this step uses
+        loss_sum, grad_norm = optimizer_step(run, batches, window)
+        state.step += 1
+        state.samples_consumed += t.micro_batch_size * t.grad_accum_steps * world
+
+        if state.step % t.log_every == 0 or state.step == stop_at:
+            last = log_step(run, window, loss_sum, grad_norm, lr)
+        if t.eval_every and state.step % t.eval_every == 0 and state.step < t.max_steps:
+            eval_line(run.model, run.accelerator, run.val_data, t, state.step, run.metrics)
+        if state.step % t.save_every == 0 or state.step == stop_at:
+            save_checkpoint(run.accelerator, run.raw_model, run.optimizer, run.scheduler, run.tokenizer, state, t)
+    return last
+
+
+def optimizer_step(run: Run, batches, window: Throughput):
+    """One optimizer step over grad_accum_steps micro-batches; return (the summed loss, the
+    gradient norm before clipping), both still on the device."""
+    import torch
+
+    t, accelerator, model = run.t, run.accelerator, run.model
+    loss_sum = torch.zeros((), device=accelerator.device)
+    for micro in range(t.grad_accum_steps):
+        batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in next(batches).items()}
+        window.count(batch)
+        # Gradients are all-reduced on the last micro-step only: the others accumulate locally.
+        sync = micro == t.grad_accum_steps - 1
+        with accelerator.no_sync(model) if not sync and accelerator.num_processes > 1 else contextlib.nullcontext():
+            with accelerator.autocast():
+                loss = model(**batch, use_cache=False).loss / t.grad_accum_steps
+            accelerator.backward(loss)
+        loss_sum += loss.detach()
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
+def log_step(run: Run, window: Throughput, loss_sum, grad_norm, lr: float) -> dict[str, Any]:
+    """Write the log line of the step just taken (loss averaged over the ranks, throughput since
+    the last line, MFU against the GPU's bf16 peak) and start a new window; collective."""
+    t, state, accelerator = run.t, run.state, run.accelerator
+    loss_value = float(accelerator.reduce(loss_sum, "mean"))
+    tokens, elapsed = window.read(accelerator)
+    state.tokens_consumed += tokens
+    tps = tokens / elapsed
+    peak = run.peak
+    line = {"step": state.step, "loss": round(loss_value, 6), "grad_norm": round(float(grad_norm), 6),
+            "lr": lr, "tokens_per_s": round(tps, 1),
+            "samples_per_s": round(tps / run.seq_len, 2),
+            "mfu": round(run.token_flops * tps / (peak * accelerator.num_processes), 4) if peak else None,
+            "tokens": state.tokens_consumed, "max_steps": t.max_steps}
+    run.metrics.write(line)
+    window.restart()
+    return line
+
+
+def finish(run: Run, last: dict[str, Any]) -> dict[str, Any]:
+    """End this invocation: at max_steps, the final eval and model; then the end line; close."""
+    t, state, accelerator = run.t, run.state, run.accelerator
+    result: dict[str, Any] = {"step": state.step, "last": last}
+    if state.step >= t.max_steps:
+        result["eval"] = eval_line(run.model, accelerator, run.val_data, t, state.step, run.metrics)
+        result["final_model"] = str(save_final(accelerator, run.raw_model, run.tokenizer, run.out))
+    accelerator.wait_for_everyone()
+    run.metrics.write({"event": "end", **{k: v for k, v in result.items() if k != "last"}, "step": state.step})
+    run.metrics.close()
+    accelerator.end_training()
+    return result
+
+
+def guarded(fn, *args):
+    """Run fn; on an exception print one recognisable line naming this rank (read by moai.launch), then re-raise."""
+    rank = os.environ.get("RANK", "0")
+    try:
+        return fn(*args)
+    except Exception as err:
+        print(f"[rank {rank}] moai.train failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        raise
