@@ -18,6 +18,9 @@ from moai.launch import Launch, TrainingFailed, launch_command, run_launch
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+# Every test here starts processes: `accelerate launch` with its ranks, or the CLI that runs it.
+pytestmark = pytest.mark.slow
+
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
 
 

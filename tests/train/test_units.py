@@ -1,15 +1,18 @@
-"""Pure parts of training: sample order, launch command, FLOPs, and packed-attention masking."""
+"""Pure parts of training: sample order, launch command, what launch hands the ranks (resolved.json),
+FLOPs, and packed-attention masking."""
 
 import json
 import math
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from moai.config import parse_config
-from moai.launch import launch_command
+from conftest import PYTHON, subprocess_env
+from moai.config import ConfigError, parse_config
+from moai.launch import launch_command, resolve
 from moai.train import flops_per_token, peak_flops, sample_ids
 
 BASE = {"source": {"path": "x"}, "tokenizer": {"path": "t"}}
@@ -213,3 +216,55 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
     before = f.stat().st_mtime_ns
     assert trim_metrics(f, 6) == 0 and f.stat().st_mtime_ns == before  # nothing to drop: not rewritten
     assert trim_metrics(tmp_path / "none.jsonl", 6) == 0
+
+
+DATA = {"token_store": "/c/tokens", "sample_index": None, "tokenizer": "/c/tok"}
+
+
+def resolved_cfg(tmp_path, **train):
+    return parse_config({**BASE, "train": {"model_config": {"model_type": "llama"},
+                                          "output_dir": str(tmp_path / "run"), **train}})
+
+
+def test_resolved_json_round_trips_and_refuses_unknown_or_missing_keys(tmp_path):
+    from moai.train import ResolvedRun
+
+    config = resolved_cfg(tmp_path, max_steps=7)
+    path = resolve(config, DATA, loader_workers=3)
+    run = ResolvedRun.read(path)
+    assert run.config == config and run.train.max_steps == 7 and run.loader_workers == 3
+    assert run.data.model_dump() == DATA and run.data.sample_index is None
+
+    raw = json.loads(path.read_text())
+    raw["config"]["train"]["max_stepz"] = 8
+    raw["data"]["extra_path"] = "/x"
+    del raw["loader_workers"]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as err:
+        ResolvedRun.read(path)
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)  # one line: the failure line
+    for problem in ("config.train.max_stepz: unknown key", "data.extra_path: unknown key", "loader_workers: Field required"):
+        assert problem in str(err.value)
+
+    with pytest.raises(ValueError, match="extra"):  # what launch is handed is checked when it is written too
+        resolve(config, {**DATA, "extra": "/x"}, loader_workers=0)
+
+
+@pytest.mark.slow
+def test_importing_moai_train_loads_no_torch():
+    """moai.launch imports moai.train.resolved: the package itself stays light."""
+    code = "import sys, moai.train, moai.launch; print(sorted({'torch', 'transformers', 'accelerate'} & set(sys.modules)))"
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=subprocess_env(), check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_a_bad_resolved_json_fails_the_rank_with_one_line(tmp_path):
+    path = resolve(resolved_cfg(tmp_path), DATA, loader_workers=0)
+    raw = json.loads(path.read_text())
+    raw["surprise"] = True
+    path.write_text(json.dumps(raw))
+    out = subprocess.run([PYTHON, "-m", "moai.train", "--config", str(path)], capture_output=True, text=True,
+                         env={**subprocess_env(), "RANK": "3"}, timeout=120)
+    assert out.returncode != 0 and out.stdout == ""
+    assert f"[rank 3] moai.train failed: ConfigError: {path}: surprise: unknown key" in out.stderr
