@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from moai.config import TrainConfig
+from moai.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def load_checkpoint(path: Path, accelerator, unwrapped, optimizer, scheduler, ex
     state = TrainState(**json.loads((path / "state.json").read_text()))
     if state.run is not None and state.run != expected:
         diff = {k: (state.run.get(k), v) for k, v in expected.items() if state.run.get(k) != v}
-        raise ValueError(
+        raise ConfigError(
             f"{path.parent.parent} holds a run with other settings {diff} (checkpoint, now); an exact resume needs "
             "the same ones: restore them, or give train.output_dir a new folder"
         )
@@ -98,7 +98,8 @@ def load_checkpoint(path: Path, accelerator, unwrapped, optimizer, scheduler, ex
     # Tied embeddings are saved once; anything else missing is a real mismatch.
     missing = [k for k in missing if not (k == "lm_head.weight" and unwrapped.config.tie_word_embeddings)]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ConfigError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
+                          "restore the train.model_config it was saved with, or give train.output_dir a new folder")
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     rng_file = path / f"rng-{accelerator.process_index}.pt"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moai.config import TrainConfig
+from moai.config import ConfigError, TrainConfig
 from moai.train.checkpoint import TrainState, resume, run_identity, save_checkpoint, save_final
 from moai.train.data import Dataset, PackedDataset, make_loader, open_data, record_first_samples
 from moai.train.metrics import MetricsWriter, Throughput, eval_line
@@ -106,7 +106,7 @@ def start_accelerator(t: TrainConfig, out: Path):
     mixed = t.mixed_precision or ("bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no")
     tracker = None if t.tracker == "none" else t.tracker
     if tracker == "mlflow" and importlib.util.find_spec("mlflow") is None:
-        raise ValueError("train.tracker mlflow needs the mlflow package (pip install mlflow); "
+        raise ConfigError("train.tracker mlflow needs the mlflow package (pip install mlflow); "
                          "MLFLOW_TRACKING_URI picks the server")
     accelerator = Accelerator(mixed_precision=mixed, log_with=tracker, project_dir=str(out))
     if torch.cuda.is_available():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from moai.config import TrainConfig
+from moai.config import ConfigError, TrainConfig
 
 # Dense bf16 peak FLOP/s by GPU name (PaLM/torchtitan MFU convention).
 PEAK_BF16 = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12),
@@ -34,7 +34,7 @@ def build_model(t: TrainConfig, vocab_size: int, tokenizer, attn: str = "sdpa"):
         model = AutoModelForCausalLM.from_pretrained(t.init_from, attn_implementation=attn,
                                                      dtype=torch.float32)
         if model.config.vocab_size < vocab_size:
-            raise ValueError(f"train.init_from {t.init_from}: vocab {model.config.vocab_size} < tokenizer's {vocab_size}")
+            raise ConfigError(f"train.init_from {t.init_from}: vocab {model.config.vocab_size} < tokenizer's {vocab_size}")
         return model
     if isinstance(t.model, str):
         cfg = AutoConfig.from_pretrained(t.model)
@@ -42,7 +42,7 @@ def build_model(t: TrainConfig, vocab_size: int, tokenizer, attn: str = "sdpa"):
         spec = dict(t.model)
         model_type = spec.pop("model_type", None)
         if model_type is None:
-            raise ValueError("train.model_config needs model_type (llama, qwen2, qwen3, ...)")
+            raise ConfigError("train.model_config needs model_type (llama, qwen2, qwen3, ...)")
         cfg = AutoConfig.for_model(model_type, **spec)
     cfg.vocab_size = vocab_size
     for name in ("eos_token_id", "pad_token_id", "bos_token_id"):

@@ -182,7 +182,8 @@ def test_resuming_with_other_settings_is_refused(learnable, tmp_path):
     res = subprocess.run([PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"], capture_output=True, text=True,
                          env=subprocess_env(), cwd=tmp_path, timeout=300)
     assert res.returncode == 1
-    assert "holds a run with other settings" in res.stderr and "micro_batch_size" in res.stderr
+    assert "ConfigError: " in res.stderr and "holds a run with other settings" in res.stderr
+    assert "micro_batch_size" in res.stderr
 
 
 def test_unpacked_training_then_continued_pretraining(learnable, tmp_path):

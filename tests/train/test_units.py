@@ -191,6 +191,13 @@ def test_model_types_build_and_respect_document_boundaries(model_type, tokenizer
     assert torch.allclose(together, apart, atol=1e-5)
 
 
+def test_a_model_config_without_model_type_is_a_config_error():
+    from moai.train import build_model
+
+    with pytest.raises(ConfigError, match="train.model_config needs model_type"):
+        build_model(train_cfg(model_config={"hidden_size": 32}), 100, tokenizer=None)
+
+
 def _metrics_lines(steps) -> list[str]:
     return [json.dumps({"step": s, "loss": 1.0 / s}) for s in steps]
 
