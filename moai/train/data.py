@@ -66,7 +66,7 @@ class PackedDataset:
     lengths = None  # every sample is seq_len long: no grouping needed
 
     def __init__(self, pack_dir: str, split: str):
-        from moai.tokens import PackedSamples
+        from moai.formats.tokens import PackedSamples
 
         self.samples = PackedSamples(pack_dir, split)
         self.seq_len = self.samples.seq_len
@@ -93,7 +93,7 @@ class DocumentDataset:
     seq_len piece of a longer one; batches are padded (see `collate`)."""
 
     def __init__(self, store_dir: str, split: str, seq_len: int, pad_id: int):
-        from moai.tokens import TokenStore
+        from moai.formats.tokens import TokenStore
 
         self.tokens = TokenStore(store_dir).split(split)
         self.seq_len, self.pad_id = seq_len, pad_id
