@@ -107,7 +107,7 @@ def start_accelerator(t: TrainConfig, out: Path):
     tracker = None if t.tracker == "none" else t.tracker
     if tracker == "mlflow" and importlib.util.find_spec("mlflow") is None:
         raise ConfigError("train.tracker mlflow needs the mlflow package (pip install mlflow); "
-                         "MLFLOW_TRACKING_URI picks the server")
+                          "MLFLOW_TRACKING_URI picks the server")
     accelerator = Accelerator(mixed_precision=mixed, log_with=tracker, project_dir=str(out))
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
