@@ -92,7 +92,8 @@ def run_old_way(saved: Path, tokenizer: Path, seq_len: int, work: Path, **_) -> 
 def run_moai(saved: Path, tokenizer: Path, seq_len: int, work: Path, engine: str, **_) -> dict:
     from moai.config import read_env
     from moai.hardware import detect, plan
-    from moai.pipeline import Pipeline, StageResult
+    from moai import pipeline
+    from moai.pipeline import StageResult
     from moai.presets import tiny
 
     config = tiny(cache_dir=str(work / "moai-cache"))
@@ -101,12 +102,14 @@ def run_moai(saved: Path, tokenizer: Path, seq_len: int, work: Path, engine: str
         "tokenize": config.tokenize.model_copy(update={"engine": engine}),
         "pack": config.pack.model_copy(update={"seq_len": seq_len}),
     })
-    pipe = Pipeline(config, plan=plan(detect(work, with_gpus=False), config, read_env()), progress=False)
+    hw_plan = plan(detect(work, with_gpus=False), config, read_env())
     saved_result = StageResult("save", "bench-" + saved.name, str(saved), {}, False)
-    tok = pipe.tokenizer(saved_result)  # loading (transformers import) is not timed, as for the ceiling
+    tok = pipeline.run_stage(config, "tokenizer", {"tokenizer-files": pipeline.ROOTS["tokenizer-files"](config)}, plan=hw_plan,
+                             progress=False)  # loading (transformers import) is not timed, as for the ceiling
     started = time.perf_counter()
-    tokens = pipe.tokenize(saved_result, tok)
-    packed = pipe.pack(tokens)
+    tokens = pipeline.run_stage(config, "tokenize", {"save": saved_result, "tokenizer": tok}, plan=hw_plan,
+                                progress=False)
+    packed = pipeline.run_stage(config, "pack", {"tokenize": tokens}, plan=hw_plan, progress=False)
     seconds = time.perf_counter() - started
     train = tokens.report["splits"]["train"]
     return {"tokens": train["tokens"], "seconds": seconds, "documents": train["documents"],
@@ -143,7 +146,7 @@ def measure(kind: str, args: argparse.Namespace, saved: Path) -> dict:
 
 def prepare_text(args: argparse.Namespace) -> Path:
     """convert → filter → save with moai; returns the saved DatasetDict folder."""
-    from moai.pipeline import Pipeline
+    from moai import pipeline
     from moai.presets import tiny
 
     config = tiny(cache_dir=str(args.work / "text-cache"))
@@ -151,9 +154,7 @@ def prepare_text(args: argparse.Namespace) -> Path:
     source.update({"text_template": args.text_template} if args.text_template else {"text_field": args.text_field})
     config = config.model_copy(update={"source": config.source.model_validate(source),
                                        "split": config.split.model_copy(update={"val_fraction": 0.0})})
-    pipe = Pipeline(config, progress=False)
-    saved = pipe.save(pipe.filter(pipe.convert(pipe.source_fingerprint())))
-    return Path(saved.path)
+    return Path(pipeline.walk(config, until="save")["save"].path)
 
 
 def main() -> None:

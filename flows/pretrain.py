@@ -1,11 +1,12 @@
-"""The `pretrain` Prefect flow: convert → filter → save → tokenizer → tokenize → pack → train.
+"""The `pretrain` Prefect flow: the stage graph of `moai.pipeline`, then training.
 
-Each task is a thin wrapper around one `moai.pipeline.Pipeline` stage. A task's Prefect cache
-key is the stage's store key (plus the cache folder), so Prefect's cache and the disk agree: a
-rerun with the same inputs shows the data stages as Cached. Prefect's default policy would
-include the run id and never hit across runs, so the key function is set explicitly. When the
-published folder of a key has gone (someone cleaned the cache), the task runs with
-`refresh_cache` and rebuilds instead of returning a path that no longer exists.
+The flow body is the library's graph walk (`pipeline.walk`) with one generic Prefect task per
+stage run (`stage_task`, shown under the stage's name). Its Prefect cache key is the library's
+store key (`StageKeyPolicy` asks `pipeline.key_of`) plus the cache folder, so Prefect's cache and
+the disk agree: a rerun with the same inputs shows the data stages as Cached. When the published
+folder of a key has gone (someone cleaned the cache), the task runs with `refresh_cache` and
+rebuilds instead of returning a path that no longer exists. What the UI shows is in
+`flows/artifacts.py`.
 
     python flows/pretrain.py            # the embedded `tiny` preset
     python flows/pretrain.py CONFIG     # a YAML/JSON config file, or a preset name
@@ -17,146 +18,94 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task, unmapped
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-from prefect.context import TaskRunContext
+from prefect.cache_policies import CachePolicy
 
-from moai.config import PipelineConfig, read_env, resolve_config
-from moai.hardware import detect, plan as make_plan
-from moai.pipeline import Pipeline, StageResult, launch_training, summary
-from moai.presets import tiny
+if not __package__:  # run as a script (python flows/pretrain.py) or loaded by path (Prefect deployments)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def stage_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    root = str(Path(parameters["config"].cache_dir).resolve())
-    where = hashlib.sha256(root.encode()).hexdigest()[:12]
-    return f"moai-{context.task.name}-{parameters['key']}-{where}"
+from flows import artifacts  # noqa: E402
+from moai import pipeline  # noqa: E402
+from moai.config import PipelineConfig, read_env, resolve_config  # noqa: E402
+from moai.hardware import Plan, detect, plan as make_plan  # noqa: E402
+from moai.pipeline import Inputs, StageResult, launch_training, summary  # noqa: E402
+from moai.presets import tiny  # noqa: E402
 
 
-CACHED = {"cache_key_fn": stage_cache_key, "persist_result": True}
+@dataclass
+class StageKeyPolicy(CachePolicy):
+    """A stage task's cache key: the library's key of that stage output, and which cache folder."""
 
-
-def _pipeline(config: PipelineConfig) -> Pipeline:
-    return Pipeline(config, progress=False)
-
-
-def _checked(result: StageResult, key: str) -> StageResult:
-    if result.key != key:  # the flow and the library must agree on keys, or caching lies
-        raise RuntimeError(f"{result.stage}: flow key {key} != store key {result.key}")
-    return result
+    def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str:
+        config: PipelineConfig = inputs["config"]
+        where = hashlib.sha256(str(Path(config.cache_dir).resolve()).encode()).hexdigest()[:12]
+        return f"moai-{inputs['name']}-{pipeline.key_of(config, inputs['name'], inputs['inputs'])}-{where}"
 
 
 @task(name="fingerprint")
-def fingerprint_task(config: PipelineConfig) -> str:
-    return _pipeline(config).source_fingerprint()
+def fingerprint_task(config: PipelineConfig) -> dict[str, str]:
+    """The content fingerprints the keys start from (reads every source file once)."""
+    return pipeline.roots(config)
 
 
-@task(name="convert", **CACHED)
-def convert_task(config: PipelineConfig, key: str, source_fp: str) -> StageResult:
-    return _checked(_pipeline(config).convert(source_fp), key)
-
-
-@task(name="filter", **CACHED)
-def filter_task(config: PipelineConfig, key: str, converted: StageResult) -> StageResult:
-    return _checked(_pipeline(config).filter(converted), key)
-
-
-@task(name="save", **CACHED)
-def save_task(config: PipelineConfig, key: str, filtered: StageResult) -> StageResult:
-    return _checked(_pipeline(config).save(filtered), key)
-
-
-@task(name="tokenizer", **CACHED)
-def tokenizer_task(config: PipelineConfig, key: str, saved: StageResult) -> StageResult:
-    return _checked(_pipeline(config).tokenizer(saved), key)
-
-
-@task(name="tokenize", **CACHED)
-def tokenize_task(config: PipelineConfig, key: str, saved: StageResult, tok: StageResult) -> StageResult:
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-    bar = create_progress_artifact(0.0, key="tokenize-progress", description="tokenize: documents done (%)")
-    pipe = Pipeline(config, progress=False, on_progress=lambda stage, f: update_progress_artifact(bar, 100.0 * f))
-    return _checked(pipe.tokenize(saved, tok), key)
+@task(name="stage", cache_policy=StageKeyPolicy(), persist_result=True)
+def stage_task(config: PipelineConfig, name: str, inputs: Inputs, plan: Plan,
+               options: dict[str, Any] | None = None) -> StageResult:
+    """Any stage of the graph: reuse its published output or build it (`pipeline.run_stage`)."""
+    progress = artifacts.Progress(f"{name}-progress", f"{name}: done (%)")
+    return pipeline.run_stage(config, name, inputs, plan=plan, progress=False, on_progress=progress, options=options)
 
 
 @task(name="tokenize-shard")
-def tokenize_shard_task(config: PipelineConfig, saved: StageResult, tok: StageResult, index: int, num: int) -> dict:
-    return _pipeline(config).tokenize_shard(saved, tok, index, num)
+def tokenize_shard_task(config: PipelineConfig, key: str, inputs: Inputs, index: int, num: int) -> dict:
+    from moai.stages import tokenize
 
-
-@task(name="tokenize-merge", **CACHED)
-def tokenize_merge_task(config: PipelineConfig, key: str, saved: StageResult, tok: StageResult, num: int) -> StageResult:
-    return _checked(_pipeline(config).tokenize_merged(saved, tok, num), key)
+    return tokenize.run_unit(config, key, inputs, shard_index=index, num_shards=num)
 
 
 @flow(name="tokenize-shards")
-def tokenize_shards(config: PipelineConfig, saved: StageResult, tok: StageResult, num: int) -> list[dict]:
+def tokenize_shards(config: PipelineConfig, inputs: Inputs, num: int) -> list[dict]:
     """The tokenize units mapped over the flow's task runner (Dask when configured)."""
-    futures = tokenize_shard_task.map(unmapped(config), unmapped(saved), unmapped(tok), list(range(num)), unmapped(num))
+    key = pipeline.key_of(config, "tokenize", inputs)
+    futures = tokenize_shard_task.map(unmapped(config), unmapped(key), unmapped(inputs), list(range(num)), unmapped(num))
     return [f.result() for f in futures]
 
 
-def dask_runner(config: PipelineConfig):
+def dask_runner(config: PipelineConfig, plan: Plan):
     """A DaskTaskRunner on the configured scheduler, or on a LocalCluster bound to loopback."""
     from prefect_dask import DaskTaskRunner
 
     r = config.runner
     if r.address:
         return DaskTaskRunner(address=r.address)
-    workers = r.n_workers or max(1, (os.cpu_count() or 2) // 2)
-    return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
-                                          "host": "127.0.0.1", "dashboard_address": None})
+    return DaskTaskRunner(cluster_kwargs={"n_workers": dask_workers(config, plan), "threads_per_worker": 1,
+                                          "processes": True, "host": "127.0.0.1", "dashboard_address": None})
 
 
-@task(name="pack", **CACHED)
-def pack_task(config: PipelineConfig, key: str, tokens: StageResult) -> StageResult:
-    return _checked(_pipeline(config).pack(tokens), key)
+def dask_workers(config: PipelineConfig, plan: Plan) -> int:
+    return config.runner.n_workers or max(1, plan.hardware.cores // 2)
 
 
 @task(name="train")
 def train_task(config: PipelineConfig, prepared: dict[str, Any]) -> dict[str, Any]:
     """accelerate launch the training; every output line goes to this run's logs."""
-    from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
     log = get_run_logger()
     t = config.train
-    progress = create_progress_artifact(0.0, key="train-progress", description=f"training steps done of {t.max_steps}")
+    progress = artifacts.Progress("train-progress", f"training steps done of {t.max_steps}")
 
     def on_metrics(record: dict) -> None:
         if "loss" in record:
-            update_progress_artifact(progress, 100.0 * record["step"] / t.max_steps)
+            progress(record["step"] / t.max_steps)
 
     last = launch_training(config, prepared, on_line=log.info, on_metrics=on_metrics)
-    update_progress_artifact(progress, 100.0)
-    shown = ("step", "loss", "eval_loss", "eval_ppl", "tokens_per_s", "mfu", "grad_norm", "lr", "final_model")
-    create_table_artifact([{"metric": k, "value": str(last.get(k))} for k in shown],
-                          key="train-summary", description=f"training: {t.output_dir}")
-    create_markdown_artifact(loss_curve_markdown(Path(t.output_dir) / "metrics.jsonl"), key="train-loss-curve")
+    progress(1.0)
+    artifacts.publish_training(last, t.output_dir)
     return last
-
-
-def loss_curve_markdown(metrics_file: Path, width: int = 60, height: int = 12) -> str:
-    """The loss curve as a text chart plus a table, for a markdown artifact."""
-    points = [(r["step"], r["loss"]) for r in map(json.loads, metrics_file.read_text().splitlines()) if "loss" in r]
-    if not points:
-        return "# Loss curve\n\nno loss lines yet"
-    steps, losses = zip(*points)
-    lo, hi = min(losses), max(losses)
-    grid = [[" "] * width for _ in range(height)]
-    for s, v in points:
-        x = round((s - steps[0]) / max(1, steps[-1] - steps[0]) * (width - 1))
-        y = round((hi - v) / ((hi - lo) or 1) * (height - 1))
-        grid[y][x] = "•"
-    chart = "\n".join(f"{hi - (hi - lo) * i / (height - 1):8.3f} │{''.join(row)}" for i, row in enumerate(grid))
-    chart += f"\n{'':8} └{'─' * width}\n{'':10}step {steps[0]} … {steps[-1]}"
-    table = "| step | loss |\n|---:|---:|\n" + "\n".join(f"| {s} | {v:.4f} |" for s, v in points)
-    return f"# Loss curve\n\n```\n{chart}\n```\n\n{table}\n"
 
 
 @contextlib.contextmanager
@@ -177,33 +126,6 @@ def moai_logs_to_run():
         logger.setLevel(level)
 
 
-def _report_artifacts(result: StageResult) -> None:
-    """A table of the stage's report and a link to its output folder."""
-    flat = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in result.report.items()
-            if k not in ("splits",)}
-    rows = [{"field": k, "value": str(v)} for k, v in flat.items()]
-    rows += [{"field": "output", "value": result.path}, {"field": "built now", "value": str(result.built)}]
-    create_table_artifact(rows, key=f"stage-{result.stage}", description=f"{result.stage} report: {result.path}")
-    create_link_artifact(Path(result.path).as_uri(), link_text=result.path, key=f"stage-{result.stage}-output",
-                         description=f"{result.stage} output folder")
-
-
-def packing_markdown(pack: StageResult) -> str:
-    """Document-length histogram and packing efficiency of the train split, as markdown."""
-    train = pack.report["splits"]["train"]
-    most = max((b["documents"] for b in train["length_histogram"]), default=1) or 1
-    rows = "\n".join(
-        f"| {b['from']}–{b['to'] if b['to'] is not None else '∞'} | {b['documents']:,} | {'█' * round(30 * b['documents'] / most)} |"
-        for b in train["length_histogram"] if b["documents"])
-    return (
-        f"# Packing (train split)\n\n- samples: {train['samples']:,} × {pack.report['seq_len']} tokens\n"
-        f"- tokens used: {train['tokens_used']:,} of {train['tokens']:,} ({100 * train['fraction_used']:.2f}%),"
-        f" padding: 0\n- documents split across samples: {train['documents_split']:,} of {train['documents']:,}\n"
-        f"- mean document length: {train['mean_document_tokens']} tokens\n\n"
-        f"## Document lengths (tokens)\n\n| length | documents | |\n|---|---:|---|\n{rows}\n"
-    )
-
-
 @flow(name="pretrain", log_prints=True)
 def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
     """Prepare the data of `config`, then train on it when the config has a train section."""
@@ -214,45 +136,29 @@ def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
 def _pretrain(config: PipelineConfig) -> dict[str, Any]:
     log = get_run_logger()
     plan = make_plan(detect(config.cache_dir), config, read_env())
-    create_table_artifact(plan.rows(), key="hardware-plan", description=f"Hardware plan: {plan.hardware}")
-    pipe = Pipeline(config, plan=plan)
+    artifacts.publish_plan(plan)
 
-    def run(task_fn, stage: str, key: str, *args) -> StageResult:
-        fresh = not pipe.is_published(stage, key)
-        result = task_fn.with_options(refresh_cache=fresh)(config, key, *args)
-        log.info("%s: %s", stage, result.path)
-        _report_artifacts(result)
+    def run(name: str, inputs: Inputs) -> StageResult:
+        fresh = not pipeline.is_published(config, name, inputs)
+        options = None
+        if name == "tokenize" and fresh and config.runner.kind == "dask":
+            num = config.runner.num_shards or 4 * dask_workers(config, plan)
+            units = tokenize_shards.with_options(task_runner=dask_runner(config, plan))(config, inputs, num)
+            log.info("tokenize units: %d parts built, %d reused", sum(u["built"] for u in units),
+                     sum(u["skipped"] for u in units))
+            options = {"num_shards": num}
+        result = stage_task.with_options(name=name, refresh_cache=fresh)(config, name, inputs, plan, options)
+        log.info("%s: %s", name, result.path)
+        artifacts.publish_stage(result)
         return result
 
-    results: dict[str, StageResult] = {}
-    source_fp = fingerprint_task(config)
-    results["convert"] = run(convert_task, "convert", pipe.key("convert", source_fp), source_fp)
-    results["filter"] = run(filter_task, "filter", pipe.key("filter", results["convert"].key), results["convert"])
-    results["save"] = run(save_task, "save", pipe.key("save", results["filter"].key), results["filter"])
-    tok_key = pipe.tokenizer_key(results["save"].key)
-    results["tokenizer"] = run(tokenizer_task, "tokenizer", tok_key, results["save"])
-    tokenize_key = pipe.key("tokenize", results["save"].key, tok_key)
-    if config.runner.kind == "dask" and not pipe.is_published("tokenize", tokenize_key):
-        num = config.runner.num_shards or 4 * (config.runner.n_workers or max(1, (os.cpu_count() or 2) // 2))
-        units = tokenize_shards.with_options(task_runner=dask_runner(config))(
-            config, results["save"], results["tokenizer"], num)
-        log.info("tokenize units: %d parts built, %d reused", sum(u["built"] for u in units),
-                 sum(u["skipped"] for u in units))
-        results["tokenize"] = run(tokenize_merge_task, "tokenize", tokenize_key, results["save"], results["tokenizer"],
-                                  num)
-    else:
-        results["tokenize"] = run(tokenize_task, "tokenize", tokenize_key, results["save"], results["tokenizer"])
-    if config.pack.enabled:
-        results["pack"] = run(pack_task, "pack", pipe.key("pack", results["tokenize"].key), results["tokenize"])
-        create_markdown_artifact(packing_markdown(results["pack"]), key="packing")
+    results = pipeline.walk(config, run, root_values=fingerprint_task(config))
+    if "pack" in results:
+        artifacts.publish_markdown(artifacts.packing_markdown(results["pack"]), key="packing")
     out = summary(results)
     if config.train is not None and config.train.enabled:
         out["train"] = train_task(config, out)
-    create_markdown_artifact(
-        f"# moai data\n\n- token store: `{out['token_store']}`\n- sample index: `{out['sample_index']}`\n"
-        f"- documents: {out['num_documents']:,}\n- tokens: {out['num_tokens']:,}\n",
-        key="pretrain-summary",
-    )
+    artifacts.publish_markdown(artifacts.summary_markdown(out), key="pretrain-summary")
     return out
 
 

@@ -81,12 +81,9 @@ def _train_cmd(args: argparse.Namespace) -> int:
 
 
 def _shard_cmd(args: argparse.Namespace) -> int:
-    from moai.pipeline import Pipeline, text_and_tokenizer
+    from moai.pipeline import tokenize_shard
 
-    config = resolve_config(args.config)
-    p = Pipeline(config, progress=False)
-    done = text_and_tokenizer(p)
-    print(json.dumps(p.tokenize_shard(done["save"], done["tokenizer"], args.shard_index, args.num_shards)))
+    print(json.dumps(tokenize_shard(resolve_config(args.config), args.shard_index, args.num_shards)))
     return 0
 
 
@@ -98,7 +95,7 @@ def _merge_cmd(args: argparse.Namespace) -> int:
 
 
 def _export_cmd(args: argparse.Namespace) -> int:
-    from moai.data import export_webdataset
+    from moai.formats.webdataset import export_webdataset
     from moai.errors import DataError
     from moai.pipeline import prepare
 

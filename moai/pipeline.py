@@ -1,29 +1,40 @@
-"""The stages chained on the store: convert → filter → save → tokenizer → tokenize → pack.
+"""The stage graph: every stage declared once, one function computes keys, one walks the graph.
 
-`Pipeline` knows each stage's key (a pure function of the config and the upstream key, so a
-Prefect flow can compute it before running a task) and runs a stage through `Store.build`, which
-reuses a published output or builds it once. `prepare` runs them all; `moai prepare` and the
-Prefect flow both go through here, so they share one cache.
+A stage is a module (`moai/stages/*.py`) that declares
+
+    NAME                     its folder in the store: <cache_dir>/<NAME>/<key>/
+    VERSION                  bumped when the stage's output changes, so old caches rebuild
+    READS or reads(config)   the stages (or roots) it reads, in order
+    settings(config) -> dict what in the config changes its output
+    build(ctx, out) -> dict  writes `out` from `ctx.inputs`, returns the report
+    enabled(config) -> bool  optional; a stage that is off is skipped with everything reading it
+
+`REGISTRY` lists the stages in order; adding a stage is one module and one line here (or
+`register(...)`). A stage's key hashes its name, VERSION, settings and the keys of what it reads
+(`key_of`), so a key is known before anything runs. The roots of the keys are fingerprints of
+content (`ROOTS`): the source files (or the hub dataset's fingerprint) and a given tokenizer's
+files. `walk` runs the stages in order through one `run` function: `run_stage` here (build once
+through the store, or reuse), a Prefect task in `flows/pretrain.py`. `moai prepare`, `moai merge`,
+`moai tokenize-shard` and the flow all walk this same graph.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan
-from moai.stages import convert as convert_mod
-from moai.stages import filter as filter_mod
-from moai.stages import pack as pack_mod
-from moai.stages import save as save_mod
-from moai.stages import tokenize as tokenize_mod
-from moai.stages import tokenizer as tokenizer_mod
+from moai.stages import convert, filter as filter_stage, pack, save, tokenize, tokenizer
 from moai.store import Store, stage_key
 
 log = logging.getLogger(__name__)
+
+Inputs = dict[str, Any]  # what a stage reads: StageResult of a stage, or the fingerprint string of a root
+
 
 @dataclass(frozen=True)
 class StageResult:
@@ -39,183 +50,163 @@ class StageResult:
         return asdict(self)
 
 
-class Pipeline:
-    def __init__(self, config: PipelineConfig, plan: Plan | None = None, progress: bool = True,
-                 on_progress: Callable[[str, float], None] | None = None):
-        self.config = config
-        self.store = Store(config.cache_dir)
-        self._plan = plan
-        self.progress = progress
-        self.on_progress = on_progress  # (stage, fraction done) during long stages
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    version: int
+    reads: Callable[[PipelineConfig], tuple[str, ...]]
+    settings: Callable[[PipelineConfig], dict[str, Any]]
+    build: Callable[[BuildContext, Path], dict[str, Any]]
+    enabled: Callable[[PipelineConfig], bool] = lambda config: True
 
-    @property
-    def plan(self) -> Plan:
-        if self._plan is None:
-            self._plan = make_plan(detect(self.config.cache_dir, with_gpus=False), self.config, read_env())
-        return self._plan
-
-    # -- keys: pure functions of the config and upstream keys -------------------------------------
-
-    def settings(self, stage: str) -> tuple[int, dict[str, Any]]:
-        c = self.config
-        table: dict[str, tuple[int, dict[str, Any]]] = {
-            "convert": (convert_mod.VERSION, convert_mod.settings(c.source)),
-            "filter": (filter_mod.VERSION, c.filter.model_dump()),
-            "save": (save_mod.VERSION, {**c.split.model_dump(), "max_shard_size": c.save.max_shard_size}),
-            "tokenizer": (tokenizer_mod.VERSION, c.tokenizer.train.model_dump() if c.tokenizer.train else {}),
-            # workers, threads, batch size do not change the output; the engine is checked to give the same ids
-            "tokenize": (tokenize_mod.VERSION, {}),
-            "pack": (pack_mod.VERSION, c.pack.model_dump(exclude={"enabled"})),
-        }
-        return table[stage]
-
-    def key(self, stage: str, *upstream: str) -> str:
-        version, settings = self.settings(stage)
-        return stage_key(stage, version, list(upstream), settings)
-
-    def is_published(self, stage: str, key: str) -> bool:
-        return self.store.exists(stage, key)
-
-    # -- stages ------------------------------------------------------------------------------------
-
-    def _run(self, stage: str, key: str, upstream: list[str], build: Callable[[Path], dict[str, Any]]) -> StageResult:
-        version, settings = self.settings(stage)
-        pub = self.store.build(stage, key, build, manifest={"upstream": upstream, "settings": settings, "version": version})
-        report = dict(pub.manifest["report"])
-        log.info("%s: %s %s", stage, "built" if pub.built else "reused", pub.path)
-        return StageResult(stage, key, str(pub.path), report, pub.built)
-
-    def source_fingerprint(self) -> str:
-        return convert_mod.source_fingerprint(self.config.source)
-
-    def convert(self, source_fp: str) -> StageResult:
-        key = self.key("convert", source_fp)
-        return self._run("convert", key, [source_fp], lambda out: convert_mod.convert(
-            self.config.source, out, source_fp=source_fp, writer_batch_size=self.plan.writer_batch_size.value,
-            max_shard_size=self.config.save.max_shard_size))
-
-    def filter(self, converted: StageResult) -> StageResult:
-        key = self.key("filter", converted.key)
-        return self._run("filter", key, [converted.key], lambda out: filter_mod.filter_text(
-            self.config.filter, Path(converted.path), out, batch_size=self.plan.writer_batch_size.value,
-            max_shard_size=self.config.save.max_shard_size))
-
-    def save(self, filtered: StageResult) -> StageResult:
-        key = self.key("save", filtered.key)
-        return self._run("save", key, [filtered.key], lambda out: save_mod.save(
-            self.config.split, Path(filtered.path), out, max_shard_size=self.config.save.max_shard_size))
-
-    def tokenizer_key(self, saved_key: str) -> str:
-        """Key of the tokenizer stage: a given tokenizer chains from its files' fingerprint (not
-        from the text), a trained one from the saved text."""
-        tcfg = self.config.tokenizer
-        if tcfg.train is None:
-            return self.key("tokenizer", tokenizer_mod.tokenizer_fingerprint(tcfg))
-        return self.key("tokenizer", saved_key)
-
-    def tokenizer(self, saved: StageResult) -> StageResult:
-        """A given tokenizer is checked once and copied into the store (so the token store's
-        tokenizer cannot change under it); a trained one is trained once. Reruns read the manifest."""
-        tcfg = self.config.tokenizer
-        key = self.tokenizer_key(saved.key)
-        if tcfg.train is None:
-            return self._run("tokenizer", key, [tcfg.path], lambda out: tokenizer_mod.adopt_tokenizer(
-                tcfg.path, out, trust_remote_code=tcfg.trust_remote_code))
-        return self._run("tokenizer", key, [saved.key], lambda out: tokenizer_mod.train_tokenizer(
-            tcfg.train, Path(saved.path), out, batch_size=self.plan.batch_size.value))
-
-    def tokenize(self, saved: StageResult, tok: StageResult) -> StageResult:
-        key = self.key("tokenize", saved.key, tok.key)
-        if self.store.exists("tokenize", key):
-            return self._run("tokenize", key, [saved.key, tok.key], _never)
-        info = self._tokenizer_info(tok)
-        p = self.plan
-        return self._run("tokenize", key, [saved.key, tok.key], lambda out: tokenize_mod.tokenize(
-            info, Path(saved.path), out, num_proc=p.num_proc.value, threads_per_proc=p.threads_per_proc.value,
-            batch_size=p.batch_size.value, engine=self.config.tokenize.engine, progress=self.progress,
-            on_progress=(lambda f: self.on_progress("tokenize", f)) if self.on_progress else None))
-
-    def _tokenizer_info(self, tok: StageResult):
-        tcfg = self.config.tokenizer
-        loaded = tokenizer_mod.load_tokenizer(tok.path, tcfg.trust_remote_code and tcfg.train is None)
-        return tokenizer_mod.describe(loaded, tcfg.path or tok.path, tok.key, path=tok.path)
-
-    def tokenize_shard(self, saved: StageResult, tok: StageResult, shard_index: int, num_shards: int) -> dict[str, Any]:
-        """One unit of the tokenize stage (see `moai.shards`); the merged store is `tokenize_merged`."""
-        from moai import shards
-
-        key = self.key("tokenize", saved.key, tok.key)
-        p = self.plan
-        return shards.run_shard(self.store, key, self._tokenizer_info(tok), Path(saved.path), shard_index=shard_index,
-                                num_shards=num_shards, batch_size=p.batch_size.value,
-                                threads=p.threads_per_proc.value * p.num_proc.value,
-                                engine=self.config.tokenize.engine)
-
-    def tokenize_merged(self, saved: StageResult, tok: StageResult, num_shards: int | None = None) -> StageResult:
-        """Publish the token store from the shards' parts; the same key and folder as `tokenize`."""
-        from moai import shards
-
-        key = self.key("tokenize", saved.key, tok.key)
-        if self.store.exists("tokenize", key):
-            return self._run("tokenize", key, [saved.key, tok.key], _never)
-        info = self._tokenizer_info(tok)
-        return self._run("tokenize", key, [saved.key, tok.key], lambda out: shards.merge(
-            self.store, key, info, Path(saved.path), out, num_shards))
-
-    def pack(self, tokens: StageResult) -> StageResult:
-        key = self.key("pack", tokens.key)
-        ref = str(Path(tokens.path).relative_to(self.store.root))
-        return self._run("pack", key, [tokens.key], lambda out: pack_mod.pack(
-            self.config.pack, Path(tokens.path), out, store_ref=ref))
+    @classmethod
+    def of(cls, module: ModuleType) -> Stage:
+        """The stage a module declares (see the module docstring)."""
+        reads = getattr(module, "reads", None) or (lambda config, fixed=tuple(module.READS): fixed)
+        return cls(module.NAME, module.VERSION, reads, module.settings, module.build,
+                   getattr(module, "enabled", lambda config: True))
 
 
-def _never(out: Path) -> dict[str, Any]:
-    raise RuntimeError("stage output vanished between check and use")
+@dataclass
+class BuildContext:
+    """What `build(ctx, out)` gets: the config, the hardware plan, its inputs, the store."""
+
+    config: PipelineConfig
+    plan: Plan
+    inputs: Inputs
+    store: Store
+    key: str
+    progress: bool = True
+    on_progress: Callable[[float], None] | None = None  # fraction done, for long stages
+    options: dict[str, Any] = field(default_factory=dict)  # per-run variants, e.g. {"num_shards": N} (merge)
+
+    def path(self, name: str) -> Path:
+        """The published folder of input `name`."""
+        return Path(self.inputs[name].path)
+
+
+# Roots: what keys start from. Each reads content (it may take a while on a large corpus).
+ROOTS: dict[str, Callable[[PipelineConfig], str]] = {
+    "source": lambda config: convert.source_fingerprint(config.source),
+    "tokenizer-files": lambda config: tokenizer.tokenizer_fingerprint(config.tokenizer),
+}
+
+REGISTRY: list[Stage] = [Stage.of(m) for m in (convert, filter_stage, save, tokenizer, tokenize, pack)]
+
+
+def stage(name: str) -> Stage:
+    for s in REGISTRY:
+        if s.name == name:
+            return s
+    raise KeyError(f"no stage {name!r} (stages: {[s.name for s in REGISTRY]})")
+
+
+def register(new: Stage, *, after: str | None = None) -> None:
+    """Add a stage to the graph, after stage `after` (default: at the end)."""
+    at = len(REGISTRY) if after is None else REGISTRY.index(stage(after)) + 1
+    REGISTRY.insert(at, new)
+
+
+def stages(config: PipelineConfig) -> list[Stage]:
+    """The enabled stages in order; a stage reading a disabled one is off too."""
+    on: list[Stage] = []
+    names = set(ROOTS)
+    for s in REGISTRY:
+        if s.enabled(config) and all(r in names for r in s.reads(config)):
+            on.append(s)
+            names.add(s.name)
+    return on
+
+
+def roots(config: PipelineConfig) -> dict[str, str]:
+    """The fingerprints the enabled stages start from."""
+    return {r: ROOTS[r](config) for r in sorted({r for s in stages(config) for r in s.reads(config) if r in ROOTS})}
+
+
+def upstream(config: PipelineConfig, name: str, inputs: Inputs) -> list[str]:
+    """The keys (or root fingerprints) a stage's key chains from, in the order it reads them."""
+    return [v.key if isinstance(v, StageResult) else str(v) for v in (inputs[r] for r in stage(name).reads(config))]
+
+
+def key_of(config: PipelineConfig, name: str, inputs: Inputs) -> str:
+    """THE key of a stage's output: its name, VERSION, settings and the keys of what it reads."""
+    s = stage(name)
+    return stage_key(s.name, s.version, upstream(config, name, inputs), s.settings(config))
+
+
+def run_stage(config: PipelineConfig, name: str, inputs: Inputs, *, plan: Plan | None = None,
+              progress: bool = True, on_progress: Callable[[float], None] | None = None,
+              options: dict[str, Any] | None = None) -> StageResult:
+    """Reuse the published output of a stage, or build it once (see `moai.store`)."""
+    s = stage(name)
+    store = Store(config.cache_dir)
+    key = key_of(config, name, inputs)
+    ups, settings = upstream(config, name, inputs), s.settings(config)
+
+    def build(out: Path) -> dict[str, Any]:
+        ctx = BuildContext(config, plan or make_plan(detect(config.cache_dir, with_gpus=False), config, read_env()),
+                           inputs, store, key, progress, on_progress, options or {})
+        return s.build(ctx, out)
+
+    pub = store.build(name, key, build, manifest={"upstream": ups, "settings": settings, "version": s.version})
+    log.info("%s: %s %s", name, "built" if pub.built else "reused", pub.path)
+    return StageResult(name, key, str(pub.path), dict(pub.manifest["report"]), pub.built)
+
+
+Run = Callable[[str, Inputs], StageResult]
+
+
+def walk(config: PipelineConfig, run: Run | None = None, *, until: str | None = None,
+         root_values: dict[str, str] | None = None) -> dict[str, StageResult]:
+    """Run the enabled stages in order with `run(name, inputs)` (default `run_stage`), up to and
+    including `until`; return every stage's result by name."""
+    run = run or (lambda name, inputs: run_stage(config, name, inputs))
+    results: Inputs = dict(root_values if root_values is not None else roots(config))
+    out: dict[str, StageResult] = {}
+    for s in stages(config):
+        out[s.name] = results[s.name] = run(s.name, {r: results[r] for r in s.reads(config)})
+        if s.name == until:
+            break
+    return out
+
+
+def is_published(config: PipelineConfig, name: str, inputs: Inputs) -> bool:
+    return Store(config.cache_dir).exists(name, key_of(config, name, inputs))
 
 
 def summary(results: dict[str, StageResult]) -> dict[str, Any]:
     """The one-line result of a run: where the token store and sample index are, and counts."""
     tokens = results["tokenize"]
-    pack = results.get("pack")
+    packed = results.get("pack")
     return {
         "token_store": tokens.path,
-        "sample_index": pack.path if pack else None,
+        "sample_index": packed.path if packed else None,
         "tokenizer": results["tokenizer"].path,
         "num_tokens": tokens.report["tokens"],
         "num_documents": tokens.report["documents"],
-        "num_samples": pack.report["samples"] if pack else None,
+        "num_samples": packed.report["samples"] if packed else None,
         "stages": {name: {"key": r.key, "built": r.built, "seconds": r.report.get("seconds")} for name, r in results.items()},
     }
 
 
-def text_and_tokenizer(p: Pipeline) -> dict[str, StageResult]:
-    """convert → filter → save → tokenizer: what every way of tokenizing starts from."""
-    results: dict[str, StageResult] = {}
-    results["convert"] = p.convert(p.source_fingerprint())
-    results["filter"] = p.filter(results["convert"])
-    results["save"] = p.save(results["filter"])
-    results["tokenizer"] = p.tokenizer(results["save"])
-    return results
-
-
 def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
     """Run every data stage (no Prefect) and return `summary`."""
-    p = Pipeline(config, plan=plan, progress=progress)
-    results = text_and_tokenizer(p)
-    results["tokenize"] = p.tokenize(results["save"], results["tokenizer"])
-    if config.pack.enabled:
-        results["pack"] = p.pack(results["tokenize"])
-    return summary(results)
+    return summary(walk(config, lambda name, inputs: run_stage(config, name, inputs, plan=plan, progress=progress)))
 
 
 def merge(config: PipelineConfig, num_shards: int | None = None) -> dict[str, Any]:
-    """Publish the token store from tokenize-shard units, then pack; return `summary`."""
-    p = Pipeline(config, progress=False)
-    results = text_and_tokenizer(p)
-    results["tokenize"] = p.tokenize_merged(results["save"], results["tokenizer"], num_shards)
-    if config.pack.enabled:
-        results["pack"] = p.pack(results["tokenize"])
-    return summary(results)
+    """Publish the token store from tokenize-shard units, then the rest of the graph; return `summary`."""
+    options = {"num_shards": num_shards or 0}  # 0: merge without naming the missing shards' indices
+    return summary(walk(config, lambda name, inputs: run_stage(
+        config, name, inputs, progress=False, options=options if name == "tokenize" else None)))
+
+
+def tokenize_shard(config: PipelineConfig, shard_index: int, num_shards: int) -> dict[str, Any]:
+    """One unit of the tokenize stage (see `moai.stages.tokenize.units`): the stages before it, then its parts."""
+    done = walk(config, until=tokenizer.NAME)
+    inputs = {r: done[r] for r in stage(tokenize.NAME).reads(config)}
+    return tokenize.run_unit(config, key_of(config, tokenize.NAME, inputs), inputs,
+                             shard_index=shard_index, num_shards=num_shards)
 
 
 def launch_training(config: PipelineConfig, prepared: dict[str, Any], on_line: Callable[[str], None],

@@ -12,7 +12,7 @@ import pytest
 from conftest import config_dict, run_offline, write_jsonl
 from moai.config import parse_config
 from moai.errors import DataError
-from moai.pipeline import Pipeline
+from moai import pipeline
 from moai.stages.convert import convert, source_fingerprint
 from moai.stages.filter import filter_text
 from moai.formats.text import open_text
@@ -361,16 +361,15 @@ def test_pipeline_publishes_nothing_when_the_source_changes_during_convert(tmp_p
     f = write_jsonl(tmp_path / "data.jsonl", [{"text": "doc 0"}, {"body": "no text"}] + [{"text": f"doc {i}"} for i in range(1, 40)])
     original = f.read_bytes()
     cfg = parse_config(config_dict(tmp_path, f, {"path": "unused"}, source={"on_bad_rows": "skip"}))
-    pipe = Pipeline(cfg, progress=False)
-    taken = pipe.source_fingerprint()
+    taken = pipeline.ROOTS["source"](cfg)
     with on_first_skip(lambda: append_rows(f, [{"text": "extra"}] * 5)):
         with pytest.raises(DataError, match=rf"^source file {f} {CHANGED}"):
-            pipe.convert(taken)
+            pipeline.run_stage(cfg, "convert", {"source": taken}, progress=False)
     convert_dir = tmp_path / "cache" / "convert"
-    assert not pipe.is_published("convert", pipe.key("convert", taken))
+    assert not pipeline.is_published(cfg, "convert", {"source": taken})
     assert [p.name for p in convert_dir.iterdir() if not p.name.endswith(".lock")] == []  # no folder, no leftover
 
     f.write_bytes(original)
-    rerun = pipe.convert(pipe.source_fingerprint())
-    assert rerun.built and rerun.key == pipe.key("convert", taken)
+    rerun = pipeline.run_stage(cfg, "convert", {"source": pipeline.ROOTS["source"](cfg)}, progress=False)
+    assert rerun.built and rerun.key == pipeline.key_of(cfg, "convert", {"source": taken})
     assert rerun.report["rows_out"] == 40 and rerun.report["dropped"] == {"missing_field": 1}

@@ -43,18 +43,27 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, NamedTuple
 
-from moai.config import SourceConfig, template_fields
+from moai.config import PipelineConfig, SourceConfig, template_fields
 from moai.errors import DataError
 from moai.formats.text import write_text_dataset
 
 log = logging.getLogger(__name__)
 
+NAME = "convert"
 VERSION = 2  # 2: a value that is not text is a bad row, no longer its repr; .txt lines end at \n or \r\n only
+READS = ("source",)  # the root: `source_fingerprint` of the files (or the hub dataset)
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "txt"}
 
 
-def settings(source: SourceConfig) -> dict[str, Any]:
-    return source.model_dump(exclude={"path", "hub", "split", "subset"})
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    """What changes the output besides the source's content (which is the root of the key)."""
+    return config.source.model_dump(exclude={"path", "hub", "split", "subset"})
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    """The stage in the graph (`moai.pipeline`): the source's rows → `out`."""
+    return convert(ctx.config.source, out, source_fp=ctx.inputs["source"],
+                   writer_batch_size=ctx.plan.writer_batch_size.value, max_shard_size=ctx.config.save.max_shard_size)
 
 
 def source_files(source: SourceConfig) -> list[Path]:

@@ -12,11 +12,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from moai.config import FilterConfig
+from moai.config import FilterConfig, PipelineConfig
 from moai.errors import DataError
 from moai.formats.text import open_text, text_batches, write_text_dataset
 
+NAME = "filter"
 VERSION = 1
+READS = ("convert",)
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    return config.filter.model_dump()
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    return filter_text(ctx.config.filter, ctx.path("convert"), out, batch_size=ctx.plan.writer_batch_size.value,
+                       max_shard_size=ctx.config.save.max_shard_size)
 
 
 def filter_text(cfg: FilterConfig, in_dir: Path, out_dir: Path, *, batch_size: int, max_shard_size: str) -> dict[str, Any]:

@@ -17,11 +17,27 @@ from typing import Any
 
 import numpy as np
 
-from moai.config import PackConfig
+from moai.config import PackConfig, PipelineConfig
 from moai.errors import DataError
 from moai.formats.tokens import PACK_FORMAT, TokenStore
 
+NAME = "pack"
 VERSION = 1
+READS = ("tokenize",)
+
+
+def enabled(config: PipelineConfig) -> bool:
+    return config.pack.enabled
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    return config.pack.model_dump(exclude={"enabled"})
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    tokens = ctx.path("tokenize")
+    # the sample index names its token store relative to the cache, so a moved cache still opens
+    return pack(ctx.config.pack, tokens, out, store_ref=str(tokens.relative_to(ctx.store.root)))
 
 
 def concat_chunk(num_tokens: int, seq_len: int, drop_remainder: bool) -> np.ndarray:

@@ -13,11 +13,21 @@ from typing import Any
 
 import numpy as np
 
-from moai.config import SplitConfig
+from moai.config import PipelineConfig, SplitConfig
 from moai.errors import DataError
 from moai.formats.text import open_text
 
+NAME = "save"
 VERSION = 1
+READS = ("filter",)
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    return {**config.split.model_dump(), "max_shard_size": config.save.max_shard_size}
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    return save(ctx.config.split, ctx.path("filter"), out, max_shard_size=ctx.config.save.max_shard_size)
 
 
 def validation_rows(num_rows: int, cfg: SplitConfig) -> np.ndarray:

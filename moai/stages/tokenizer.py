@@ -18,14 +18,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moai.config import TokenizerConfig, TokenizerTrainConfig
+from moai.config import PipelineConfig, TokenizerConfig, TokenizerTrainConfig
 from moai.errors import TokenizerError
 from moai.store import fingerprint_dir
 from moai.formats.text import open_text, text_batches
 
 log = logging.getLogger(__name__)
 
+NAME = "tokenizer"
 VERSION = 1
+
+
+def reads(config: PipelineConfig) -> tuple[str, ...]:
+    """A given tokenizer chains from its files' fingerprint (the root `tokenizer-files`), not from
+    the text; a trained one from the saved text."""
+    return ("save",) if config.tokenizer.train is not None else ("tokenizer-files",)
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    return config.tokenizer.train.model_dump() if config.tokenizer.train else {}
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    """A given tokenizer is checked once and copied into the store (so the token store's tokenizer
+    cannot change under it); a trained one is trained once on the saved text."""
+    tcfg = ctx.config.tokenizer
+    if tcfg.train is None:
+        return adopt_tokenizer(tcfg.path, out, trust_remote_code=tcfg.trust_remote_code)
+    return train_tokenizer(tcfg.train, ctx.path("save"), out, batch_size=ctx.plan.batch_size.value)
+
+
+def info_of(config: PipelineConfig, published: Path | str, key: str) -> TokenizerInfo:
+    """The `TokenizerInfo` of the tokenizer stage's output (what the tokenize workers need)."""
+    tcfg = config.tokenizer
+    loaded = load_tokenizer(str(published), tcfg.trust_remote_code and tcfg.train is None)
+    return describe(loaded, tcfg.path or str(published), key, path=str(published))
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]

@@ -21,7 +21,10 @@ written, the chosen engine is checked against transformers itself on a sample of
 The package: `engine` (sampling the corpus, choosing and checking the encoder), `parts` (part
 planning, encoding and writing parts, `tokens.json`), `pieces` (exact encoding of giant documents
 in pieces), `tiktoken` (a tokenizer.json as a tiktoken encoding, when exact), `units` (the stage
-as independent shard units and their merge). This module is the stage's public API.
+as independent shard units and their merge). This module is the stage's public API and its
+declaration in the stage graph (`moai.pipeline`): built locally, or, with the option
+`num_shards`, merged from the parts `moai tokenize-shard` units published; both give the same
+files under the same key.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ from moai.stages.tokenize.parts import (
     token_dtype,
     write_store_meta,
 )
-from moai.stages.tokenizer import TokenizerInfo
+from moai.config import PipelineConfig
+from moai.stages.tokenizer import TokenizerInfo, info_of
 
 __all__ = [
     "BATCH_MAX_BYTES", "MAX_PARTS", "PART_MIN_BYTES", "SPLITS", "VERIFY_BYTES", "VERIFY_DOCUMENT_BYTES",
@@ -79,7 +83,9 @@ log = logging.getLogger(__name__)
 
 # 2: the backend runs as transformers runs it (no truncation/padding from tokenizer.json,
 # split_special_tokens applied); giant documents in exact pieces; checked against transformers.
+NAME = "tokenize"
 VERSION = 2
+READS = ("save", "tokenizer")
 WARM_UP_DOCUMENTS = 64
 
 
@@ -175,3 +181,38 @@ def tokenize(
         "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
         "warnings": info.warnings,
     }
+
+
+# -- the stage in the graph (`moai.pipeline`) ----------------------------------------------------
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    return {}  # workers, threads, batch size do not change the output; the engine is checked to give the same ids
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    from moai.stages.tokenize import units
+
+    tok = ctx.inputs["tokenizer"]
+    info = info_of(ctx.config, tok.path, tok.key)
+    if "num_shards" in ctx.options:
+        return units.merge(ctx.store, ctx.key, info, ctx.path("save"), out, ctx.options["num_shards"] or None)
+    p = ctx.plan
+    return tokenize(info, ctx.path("save"), out, num_proc=p.num_proc.value, threads_per_proc=p.threads_per_proc.value,
+                    batch_size=p.batch_size.value, engine=ctx.config.tokenize.engine, progress=ctx.progress,
+                    on_progress=ctx.on_progress)
+
+
+def run_unit(config: PipelineConfig, key: str, inputs: dict[str, Any], *, shard_index: int,
+             num_shards: int) -> dict[str, Any]:
+    """One `moai tokenize-shard` unit: encode and publish its parts of the stage output `key`."""
+    from moai.config import read_env
+    from moai.hardware import detect, plan as make_plan
+    from moai.stages.tokenize import units
+    from moai.store import Store
+
+    p = make_plan(detect(config.cache_dir, with_gpus=False), config, read_env())
+    tok = inputs["tokenizer"]
+    return units.run_shard(Store(config.cache_dir), key, info_of(config, tok.path, tok.key), Path(inputs["save"].path),
+                           shard_index=shard_index, num_shards=num_shards, batch_size=p.batch_size.value,
+                           threads=p.threads_per_proc.value * p.num_proc.value, engine=config.tokenize.engine)
