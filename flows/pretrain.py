@@ -31,10 +31,10 @@ if not __package__:  # run as a script (python flows/pretrain.py) or loaded by p
 
 from flows import artifacts  # noqa: E402
 from moai import pipeline  # noqa: E402
-from moai.config import PipelineConfig, read_env, resolve_config  # noqa: E402
+from moai.config import PipelineConfig, read_env  # noqa: E402
 from moai.hardware import Plan, detect, plan as make_plan  # noqa: E402
 from moai.pipeline import Inputs, StageResult, launch_training, summary  # noqa: E402
-from moai.presets import tiny  # noqa: E402
+from moai.presets import resolve_config, tiny  # noqa: E402
 
 
 @dataclass

@@ -25,8 +25,9 @@ import logging
 import signal
 import sys
 
-from moai.config import ConfigError, read_env, resolve_config
-from moai.errors import CacheError, DataError, TokenizerError
+from moai.config import read_env
+from moai.errors import ConfigError, DataError, MoaiError
+from moai.presets import resolve_config
 
 
 def _plan_cmd(args: argparse.Namespace) -> int:
@@ -96,7 +97,6 @@ def _merge_cmd(args: argparse.Namespace) -> int:
 
 def _export_cmd(args: argparse.Namespace) -> int:
     from moai.formats.webdataset import export_webdataset
-    from moai.errors import DataError
     from moai.pipeline import prepare
 
     config = resolve_config(args.config)
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return args.func(args)
-    except (ConfigError, DataError, TokenizerError, CacheError, FileExistsError) as err:
+    except MoaiError as err:
         print(f"moai: error: {err}", file=sys.stderr)
         return 2
 

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from moai.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A config file or value that cannot be used; the message names the file and the key."""
+__all__ = ["ConfigError"]  # re-exported: config errors are raised here and caught as moai.config.ConfigError
 
 
 class _Model(BaseModel):
@@ -249,17 +249,6 @@ def load_config(path: str | os.PathLike) -> PipelineConfig:
     except (json.JSONDecodeError, Exception) as err:  # yaml.YAMLError has no common import here
         raise ConfigError(f"{path}: cannot parse: {err}") from None
     return parse_config(data, origin=str(path))
-
-
-def resolve_config(spec: str) -> PipelineConfig:
-    """A config file path, or the name of a preset (`tiny`)."""
-    from moai import presets
-
-    if Path(spec).is_file():
-        return load_config(spec)
-    if spec in presets.PRESETS:
-        return presets.PRESETS[spec]()
-    raise ConfigError(f"{spec}: neither a config file nor a preset (presets: {', '.join(sorted(presets.PRESETS))})")
 
 
 ENV_SETTINGS = {

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from moai.config import ConfigError, PipelineConfig, read_env
-from moai.hardware import Hardware, detect, plan
+from moai.hardware import Hardware, accelerator_facts, detect, plan
 
 
 @dataclass(frozen=True)
@@ -139,21 +139,6 @@ def _torch_checks(t: dict[str, Any]) -> list[Check]:
     return out
 
 
-def _torch_facts() -> dict[str, Any]:
-    try:
-        import torch
-    except ImportError:
-        return {}
-    facts: dict[str, Any] = {"version": torch.__version__, "cuda_devices": []}
-    if torch.cuda.is_available():
-        facts["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        major, _ = torch.cuda.get_device_capability(0)
-        facts["bf16"] = torch.cuda.is_bf16_supported()
-        facts["tf32"] = major >= 8
-        facts["flash_sdpa"] = major >= 8 and torch.backends.cuda.flash_sdp_enabled()
-    return facts
-
-
 def gather(config: PipelineConfig | None) -> Facts:
     """Read the facts of this machine (side effects live here)."""
     from moai.stages.tokenizer import load_tokenizer
@@ -192,5 +177,5 @@ def gather(config: PipelineConfig | None) -> Facts:
             reachable, error = False, f"{type(err).__name__}: {err}"
     return Facts(hardware=hw, plan_summary=summary, tokenizer=tok,
                  env={k: os.environ[k] for k in ENV_VARS if k in os.environ}, env_error=env_error,
-                 torch=_torch_facts(), accelerate_default_config=str(default_acc) if default_acc.is_file() else None,
+                 torch=accelerator_facts(), accelerate_default_config=str(default_acc) if default_acc.is_file() else None,
                  prefect_api_url=api, prefect_reachable=reachable, prefect_error=error)

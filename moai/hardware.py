@@ -180,3 +180,19 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
         loader = Decision(lw, f"{hw.cores} cores for {per_gpu} training process(es), one core kept for the step itself")
 
     return Plan(num_proc, threads, batch, writer, memory_mode, loader, hardware=hw)
+
+
+def accelerator_facts() -> dict[str, Any]:
+    """torch's version and, per CUDA GPU, what `moai doctor` checks (bf16, tf32, flash SDPA)."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    facts: dict[str, Any] = {"version": torch.__version__, "cuda_devices": []}
+    if torch.cuda.is_available():
+        facts["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        major, _ = torch.cuda.get_device_capability(0)
+        facts["bf16"] = torch.cuda.is_bf16_supported()
+        facts["tf32"] = major >= 8
+        facts["flash_sdpa"] = major >= 8 and torch.backends.cuda.flash_sdp_enabled()
+    return facts

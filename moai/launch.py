@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from moai.config import PipelineConfig, TrainConfig
+from moai.errors import MoaiError
 from moai.train.resolved import DataPaths, ResolvedRun
 
 # `accelerate launch` reads ~/.cache/huggingface/accelerate/default_config.yaml when no config file
@@ -40,7 +41,7 @@ BASE_ACCELERATE_CONFIG = {
 }
 
 
-class TrainingFailed(RuntimeError):
+class TrainingFailed(MoaiError, RuntimeError):
     """`accelerate launch` exited non-zero; the message carries the failing rank's lines."""
 
 

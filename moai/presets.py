@@ -1,4 +1,4 @@
-"""Named presets: functions that return a `PipelineConfig`.
+"""Named presets: functions that return a `PipelineConfig`, and `resolve_config` (a file or a name).
 
 `tiny` is the embedded default that `python flows/pretrain.py` runs: the small corpus shipped in
 `moai/assets/tiny.jsonl` (English, Korean, code), a 2,048-token byte-level BPE trained from it,
@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from moai.config import PipelineConfig
+from moai.config import PipelineConfig, load_config
+from moai.errors import ConfigError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -40,3 +41,12 @@ def tiny(cache_dir: str = ".moai") -> PipelineConfig:
 
 
 PRESETS: dict[str, Callable[[], PipelineConfig]] = {"tiny": tiny}
+
+
+def resolve_config(spec: str) -> PipelineConfig:
+    """A config file path, or the name of a preset (`tiny`)."""
+    if Path(spec).is_file():
+        return load_config(spec)
+    if spec in PRESETS:
+        return PRESETS[spec]()
+    raise ConfigError(f"{spec}: neither a config file nor a preset (presets: {', '.join(sorted(PRESETS))})")

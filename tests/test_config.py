@@ -3,7 +3,8 @@ import json
 import pytest
 import yaml
 
-from moai.config import ConfigError, PipelineConfig, load_config, parse_config, read_env, resolve_config
+from moai.config import ConfigError, PipelineConfig, load_config, parse_config, read_env
+from moai.presets import resolve_config
 from moai.presets import PRESETS
 
 ISSUE_EXAMPLE = """

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from moai.errors import DataError
 from moai.formats.tokens import PackedSamples
 
 MANIFEST = "manifest.json"
@@ -50,7 +51,7 @@ def export_webdataset(pack_dir: str | Path, out_dir: str | Path, *, split: str =
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if any(out.glob("shard-*.tar")):
-        raise FileExistsError(f"{out} already holds shards; export into an empty folder")
+        raise DataError(f"{out} already holds shards; export into an empty folder")
     dtype = samples.tokens.dtype
     offsets = samples.tokens.doc_offsets
     shards: list[dict[str, Any]] = []
