@@ -60,14 +60,22 @@ def run_prepare(data: Path, tokenizer: Path, work: Path) -> dict:
 
     cache = Path(tempfile.mkdtemp(prefix="cache-", dir=work))
     config = work / f"{data.stem}.yaml"
-    config.write_text(json.dumps({
-        "cache_dir": str(cache), "source": {"path": str(data), "text_field": "text"},
-        "tokenizer": {"path": str(tokenizer)}, "split": {"val_fraction": 0.0},
-        "filter": {"max_chars": None}, "pack": {"seq_len": 2048},
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "cache_dir": str(cache),
+                "source": {"path": str(data), "text_field": "text"},
+                "tokenizer": {"path": str(tokenizer)},
+                "split": {"val_fraction": 0.0},
+                "filter": {"max_chars": None},
+                "pack": {"seq_len": 2048},
+            }
+        )
+    )
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "moai.cli", "prepare", str(config), "--no-progress"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moai.cli", "prepare", str(config), "--no-progress"], stdout=subprocess.PIPE, text=True
+    )
     ps = psutil.Process(proc.pid)
     peak = 0
     while proc.poll() is None:
@@ -81,10 +89,17 @@ def run_prepare(data: Path, tokenizer: Path, work: Path) -> dict:
         raise SystemExit(f"moai prepare {data.name} failed with exit code {proc.returncode}")
     summary = json.loads(out.strip().splitlines()[-1])
     report = json.loads((Path(summary["token_store"]) / "_manifest.json").read_text())["report"]
-    return {"peak_rss_mb": round(peak / 2**20), "seconds": round(time.perf_counter() - started, 1),
-            "documents": summary["num_documents"], "tokens": summary["num_tokens"], "engine": report["engine"],
-            "large_documents": report.get("large_documents"), "forced_cuts": report.get("forced_cuts"),
-            "token_store": summary["token_store"], "cache": str(cache)}
+    return {
+        "peak_rss_mb": round(peak / 2**20),
+        "seconds": round(time.perf_counter() - started, 1),
+        "documents": summary["num_documents"],
+        "tokens": summary["num_tokens"],
+        "engine": report["engine"],
+        "large_documents": report.get("large_documents"),
+        "forced_cuts": report.get("forced_cuts"),
+        "token_store": summary["token_store"],
+        "cache": str(cache),
+    }
 
 
 def verify(result: dict, text: str, tokenizer: Path) -> str:
@@ -124,8 +139,10 @@ def main() -> None:
         print("| input | documents | tokens | engine | large docs | forced cuts | seconds | peak RSS MB | × normal |")
         print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
         for kind, r in results.items():
-            print(f"| {kind} | {r['documents']:,} | {r['tokens']:,} | {r['engine']} | {r['large_documents']} | "
-                  f"{r['forced_cuts']} | {r['seconds']} | {r['peak_rss_mb']:,} | {r['peak_rss_mb'] / base:.2f} |")
+            print(
+                f"| {kind} | {r['documents']:,} | {r['tokens']:,} | {r['engine']} | {r['large_documents']} | "
+                f"{r['forced_cuts']} | {r['seconds']} | {r['peak_rss_mb']:,} | {r['peak_rss_mb'] / base:.2f} |"
+            )
         if args.verify:
             print(verify(results["giant"], "\n".join(texts), args.tokenizer))
     finally:

@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--mb", type=float, default=50.0, help="megabytes of text (UTF-8) before --repeat")
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--roots", nargs="*", type=Path, default=[Path(sys.prefix), Path(sys.base_prefix), Path("/usr/share")])
+    parser.add_argument(
+        "--roots", nargs="*", type=Path, default=[Path(sys.prefix), Path(sys.base_prefix), Path("/usr/share")]
+    )
     parser.add_argument("--tokenizer-out", type=Path, help="also train a byte-level BPE on the corpus, saved here")
     parser.add_argument("--vocab-size", type=int, default=32000)
     args = parser.parse_args()
@@ -63,7 +65,9 @@ def main() -> None:
         for _ in range(args.repeat):
             for text in docs:
                 f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-    print(f"{args.out}: {len(docs) * args.repeat} documents, {size * args.repeat / 1e6:.1f} MB of text", file=sys.stderr)
+    print(
+        f"{args.out}: {len(docs) * args.repeat} documents, {size * args.repeat / 1e6:.1f} MB of text", file=sys.stderr
+    )
 
     if args.tokenizer_out:
         from moai.stages.tokenizer import build_bpe

@@ -78,8 +78,9 @@ def run_old_way(saved: Path, tokenizer: Path, seq_len: int, work: Path, **_) -> 
         return {k: [t[i : i + seq_len] for i in range(0, total, seq_len)] for k, t in concatenated.items()}
 
     started = time.perf_counter()
-    tokenized = ds.map(tokenize, batched=True, batch_size=10_000, writer_batch_size=50_000, num_proc=num_proc,
-                       remove_columns=["text"])
+    tokenized = ds.map(
+        tokenize, batched=True, batch_size=10_000, writer_batch_size=50_000, num_proc=num_proc, remove_columns=["text"]
+    )
     packed = tokenized.map(group_texts, batched=True, batch_size=1000, writer_batch_size=50_000, num_proc=num_proc)
     seconds = time.perf_counter() - started
     # Counting tokens is not part of the old way's time.
@@ -97,25 +98,38 @@ def run_moai(saved: Path, tokenizer: Path, seq_len: int, work: Path, engine: str
     from moai.presets import tiny
 
     config = tiny(cache_dir=str(work / "moai-cache"))
-    config = config.model_copy(update={
-        "tokenizer": config.tokenizer.model_validate({"path": str(tokenizer)}),
-        "tokenize": config.tokenize.model_copy(update={"engine": engine}),
-        "pack": config.pack.model_copy(update={"seq_len": seq_len}),
-    })
+    config = config.model_copy(
+        update={
+            "tokenizer": config.tokenizer.model_validate({"path": str(tokenizer)}),
+            "tokenize": config.tokenize.model_copy(update={"engine": engine}),
+            "pack": config.pack.model_copy(update={"seq_len": seq_len}),
+        }
+    )
     hw_plan = plan(detect(work, with_gpus=False), config, read_env())
     saved_result = StageResult("save", "bench-" + saved.name, str(saved), {}, False)
-    tok = pipeline.run_stage(config, "tokenizer", {"tokenizer-files": pipeline.ROOTS["tokenizer-files"](config)}, plan=hw_plan,
-                             progress=False)  # loading (transformers import) is not timed, as for the ceiling
+    tok = pipeline.run_stage(
+        config,
+        "tokenizer",
+        {"tokenizer-files": pipeline.ROOTS["tokenizer-files"](config)},
+        plan=hw_plan,
+        progress=False,
+    )  # loading (transformers import) is not timed, as for the ceiling
     started = time.perf_counter()
-    tokens = pipeline.run_stage(config, "tokenize", {"save": saved_result, "tokenizer": tok}, plan=hw_plan,
-                                progress=False)
+    tokens = pipeline.run_stage(
+        config, "tokenize", {"save": saved_result, "tokenizer": tok}, plan=hw_plan, progress=False
+    )
     packed = pipeline.run_stage(config, "pack", {"tokenize": tokens}, plan=hw_plan, progress=False)
     seconds = time.perf_counter() - started
     train = tokens.report["splits"]["train"]
-    return {"tokens": train["tokens"], "seconds": seconds, "documents": train["documents"],
-            "samples": packed.report["samples"]["train"], "engine": tokens.report["engine"],
-            "procs_x_threads": f"{tokens.report['processes']}x{tokens.report['threads_per_process']}",
-            "stage_seconds": tokens.report["seconds"]}
+    return {
+        "tokens": train["tokens"],
+        "seconds": seconds,
+        "documents": train["documents"],
+        "samples": packed.report["samples"]["train"],
+        "engine": tokens.report["engine"],
+        "procs_x_threads": f"{tokens.report['processes']}x{tokens.report['threads_per_process']}",
+        "stage_seconds": tokens.report["seconds"],
+    }
 
 
 def measure(kind: str, args: argparse.Namespace, saved: Path) -> dict:
@@ -124,8 +138,24 @@ def measure(kind: str, args: argparse.Namespace, saved: Path) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix=f"moai-bench-{kind}-", dir=args.work))
     out = work / "result.json"
-    cmd = [sys.executable, __file__, "--_run", kind, "--_saved", str(saved), "--_out", str(out),
-           "--tokenizer", str(args.tokenizer), "--seq-len", str(args.seq_len), "--work", str(work), "--corpus", "-"]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--_run",
+        kind,
+        "--_saved",
+        str(saved),
+        "--_out",
+        str(out),
+        "--tokenizer",
+        str(args.tokenizer),
+        "--seq-len",
+        str(args.seq_len),
+        "--work",
+        str(work),
+        "--corpus",
+        "-",
+    ]
     proc = subprocess.Popen(cmd)
     ps = psutil.Process(proc.pid)
     peak = 0
@@ -152,8 +182,12 @@ def prepare_text(args: argparse.Namespace) -> Path:
     config = tiny(cache_dir=str(args.work / "text-cache"))
     source = {"path": str(args.corpus)}
     source.update({"text_template": args.text_template} if args.text_template else {"text_field": args.text_field})
-    config = config.model_copy(update={"source": config.source.model_validate(source),
-                                       "split": config.split.model_copy(update={"val_fraction": 0.0})})
+    config = config.model_copy(
+        update={
+            "source": config.source.model_validate(source),
+            "split": config.split.model_copy(update={"val_fraction": 0.0}),
+        }
+    )
     return Path(pipeline.walk(config, until="save")["save"].path)
 
 
@@ -173,9 +207,12 @@ def main() -> None:
     args = parser.parse_args()
 
     if args._run:
-        runners = {"ceiling": run_ceiling, "old-way": run_old_way,
-                   "moai-tokenizers": lambda **kw: run_moai(engine="tokenizers", **kw),
-                   "moai-auto": lambda **kw: run_moai(engine="auto", **kw)}
+        runners = {
+            "ceiling": run_ceiling,
+            "old-way": run_old_way,
+            "moai-tokenizers": lambda **kw: run_moai(engine="tokenizers", **kw),
+            "moai-auto": lambda **kw: run_moai(engine="auto", **kw),
+        }
         result = runners[args._run](saved=args._saved, tokenizer=args.tokenizer, seq_len=args.seq_len, work=args.work)
         args._out.write_text(json.dumps(result))
         return
@@ -184,8 +221,11 @@ def main() -> None:
     started = time.perf_counter()
     saved = prepare_text(args)
     mb = sum(f.stat().st_size for f in (saved / "train").glob("*.arrow")) / 1e6
-    print(f"corpus {args.corpus}: saved text {mb:.1f} MB in {time.perf_counter() - started:.1f}s; "
-          f"{os.cpu_count()} cores; seq_len {args.seq_len}", flush=True)
+    print(
+        f"corpus {args.corpus}: saved text {mb:.1f} MB in {time.perf_counter() - started:.1f}s; "
+        f"{os.cpu_count()} cores; seq_len {args.seq_len}",
+        flush=True,
+    )
     results = {kind: measure(kind, args, saved) for kind in args.only}
     ceiling = results.get("ceiling")
     header = f"| {'contender':<16} | {'engine':<10} | {'procs×thr':<9} | {'tokens':>11} | {'seconds':>7} | {'tokens/s':>11} | {'× ceiling':>9} | {'peak RSS MB':>11} |"
@@ -195,8 +235,10 @@ def main() -> None:
         rate = r["tokens"] / r["seconds"]
         ratio = f"{rate / (ceiling['tokens'] / ceiling['seconds']):.2f}" if ceiling else "-"
         engine = r.get("engine", "tokenizers" if kind == "ceiling" else "datasets.map")
-        print(f"| {kind:<16} | {engine:<10} | {r.get('procs_x_threads', '-'):<9} | {r['tokens']:>11,} | "
-              f"{r['seconds']:>7.2f} | {rate:>11,.0f} | {ratio:>9} | {r['peak_rss_mb']:>11,} |")
+        print(
+            f"| {kind:<16} | {engine:<10} | {r.get('procs_x_threads', '-'):<9} | {r['tokens']:>11,} | "
+            f"{r['seconds']:>7.2f} | {rate:>11,.0f} | {ratio:>9} | {r['peak_rss_mb']:>11,} |"
+        )
     if args.json:
         args.json.write_text(json.dumps({"corpus_mb": mb, "cores": os.cpu_count(), "results": results}, indent=2))
 

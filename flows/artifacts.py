@@ -19,8 +19,11 @@ from moai.pipeline import StageResult
 
 def report_rows(result: StageResult) -> list[dict[str, str]]:
     """A stage's report as field/value rows, plus where its output is and whether it was built now."""
-    flat = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in result.report.items()
-            if k not in ("splits",)}
+    flat = {
+        k: (json.dumps(v) if isinstance(v, (dict, list)) else v)
+        for k, v in result.report.items()
+        if k not in ("splits",)
+    }
     rows = [{"field": k, "value": str(v)} for k, v in flat.items()]
     return rows + [{"field": "output", "value": result.path}, {"field": "built now", "value": str(result.built)}]
 
@@ -31,7 +34,9 @@ def packing_markdown(pack: StageResult) -> str:
     most = max((b["documents"] for b in train["length_histogram"]), default=1) or 1
     rows = "\n".join(
         f"| {b['from']}–{b['to'] if b['to'] is not None else '∞'} | {b['documents']:,} | {'█' * round(30 * b['documents'] / most)} |"
-        for b in train["length_histogram"] if b["documents"])
+        for b in train["length_histogram"]
+        if b["documents"]
+    )
     return (
         f"# Packing (train split)\n\n- samples: {train['samples']:,} × {pack.report['seq_len']} tokens\n"
         f"- tokens used: {train['tokens_used']:,} of {train['tokens']:,} ({100 * train['fraction_used']:.2f}%),"
@@ -60,8 +65,10 @@ def loss_curve_markdown(metrics_file: Path, width: int = 60, height: int = 12) -
 
 
 def summary_markdown(out: dict[str, Any]) -> str:
-    return (f"# moai data\n\n- token store: `{out['token_store']}`\n- sample index: `{out['sample_index']}`\n"
-            f"- documents: {out['num_documents']:,}\n- tokens: {out['num_tokens']:,}\n")
+    return (
+        f"# moai data\n\n- token store: `{out['token_store']}`\n- sample index: `{out['sample_index']}`\n"
+        f"- documents: {out['num_documents']:,}\n- tokens: {out['num_tokens']:,}\n"
+    )
 
 
 TRAIN_SHOWN = ("step", "loss", "eval_loss", "eval_ppl", "tokens_per_s", "mfu", "grad_norm", "lr", "final_model")
@@ -84,10 +91,15 @@ def publish_stage(result: StageResult) -> None:
     """A table of the stage's report and a link to its output folder."""
     from prefect.artifacts import create_link_artifact, create_table_artifact
 
-    create_table_artifact(report_rows(result), key=f"stage-{result.stage}",
-                          description=f"{result.stage} report: {result.path}")
-    create_link_artifact(Path(result.path).as_uri(), link_text=result.path, key=f"stage-{result.stage}-output",
-                         description=f"{result.stage} output folder")
+    create_table_artifact(
+        report_rows(result), key=f"stage-{result.stage}", description=f"{result.stage} report: {result.path}"
+    )
+    create_link_artifact(
+        Path(result.path).as_uri(),
+        link_text=result.path,
+        key=f"stage-{result.stage}-output",
+        description=f"{result.stage} output folder",
+    )
 
 
 def publish_markdown(markdown: str, key: str) -> None:

@@ -54,8 +54,9 @@ def fingerprint_task(config: PipelineConfig) -> dict[str, str]:
 
 
 @task(name="stage", cache_policy=StageKeyPolicy(), persist_result=True)
-def stage_task(config: PipelineConfig, name: str, inputs: Inputs, plan: Plan,
-               options: dict[str, Any] | None = None) -> StageResult:
+def stage_task(
+    config: PipelineConfig, name: str, inputs: Inputs, plan: Plan, options: dict[str, Any] | None = None
+) -> StageResult:
     """Any stage of the graph: reuse its published output or build it (`pipeline.run_stage`)."""
     progress = artifacts.Progress(f"{name}-progress", f"{name}: done (%)")
     return pipeline.run_stage(config, name, inputs, plan=plan, progress=False, on_progress=progress, options=options)
@@ -72,7 +73,9 @@ def tokenize_shard_task(config: PipelineConfig, key: str, inputs: Inputs, index:
 def tokenize_shards(config: PipelineConfig, inputs: Inputs, num: int) -> list[dict]:
     """The tokenize units mapped over the flow's task runner (Dask when configured)."""
     key = pipeline.key_of(config, "tokenize", inputs)
-    futures = tokenize_shard_task.map(unmapped(config), unmapped(key), unmapped(inputs), list(range(num)), unmapped(num))
+    futures = tokenize_shard_task.map(
+        unmapped(config), unmapped(key), unmapped(inputs), list(range(num)), unmapped(num)
+    )
     return [f.result() for f in futures]
 
 
@@ -83,8 +86,15 @@ def dask_runner(config: PipelineConfig, plan: Plan):
     r = config.runner
     if r.address:
         return DaskTaskRunner(address=r.address)
-    return DaskTaskRunner(cluster_kwargs={"n_workers": dask_workers(config, plan), "threads_per_worker": 1,
-                                          "processes": True, "host": "127.0.0.1", "dashboard_address": None})
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": dask_workers(config, plan),
+            "threads_per_worker": 1,
+            "processes": True,
+            "host": "127.0.0.1",
+            "dashboard_address": None,
+        }
+    )
 
 
 def dask_workers(config: PipelineConfig, plan: Plan) -> int:
@@ -144,8 +154,11 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
         if name == "tokenize" and fresh and config.runner.kind == "dask":
             num = config.runner.num_shards or 4 * dask_workers(config, plan)
             units = tokenize_shards.with_options(task_runner=dask_runner(config, plan))(config, inputs, num)
-            log.info("tokenize units: %d parts built, %d reused", sum(u["built"] for u in units),
-                     sum(u["skipped"] for u in units))
+            log.info(
+                "tokenize units: %d parts built, %d reused",
+                sum(u["built"] for u in units),
+                sum(u["skipped"] for u in units),
+            )
             options = {"num_shards": num}
         result = stage_task.with_options(name=name, refresh_cache=fresh)(config, name, inputs, plan, options)
         log.info("%s: %s", name, result.path)

@@ -61,8 +61,11 @@ def _train_cmd(args: argparse.Namespace) -> int:
     from moai.pipeline import launch_training, prepare
 
     config = resolve_config(args.config)
-    overrides = {k: getattr(args, k) for k in ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
-                 if getattr(args, k) is not None}
+    overrides = {
+        k: getattr(args, k)
+        for k in ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
+        if getattr(args, k) is not None
+    }
     if overrides:
         if config.train is None:
             raise ConfigError(f"{args.config}: no train section to apply {sorted(overrides)} to")
@@ -104,8 +107,12 @@ def _export_cmd(args: argparse.Namespace) -> int:
     if not prepared["sample_index"]:
         raise DataError("export-webdataset writes packed samples: set pack.enabled: true")
     manifest = export_webdataset(prepared["sample_index"], args.out, split=args.split, shard_size=args.shard_size)
-    print(json.dumps({k: v for k, v in manifest.items() if k != "shards"} | {"num_shards": len(manifest["shards"]),
-                                                                              "out": str(args.out)}))
+    print(
+        json.dumps(
+            {k: v for k, v in manifest.items() if k != "shards"}
+            | {"num_shards": len(manifest["shards"]), "out": str(args.out)}
+        )
+    )
     return 0
 
 
@@ -121,8 +128,10 @@ def _doctor_cmd(args: argparse.Namespace) -> int:
         if c.fix and c.status != "pass":
             print(f"{'':8}  {'':<{width}}  fix: {c.fix}")
     failed = sum(c.status == "fail" for c in checks)
-    print(f"{len(checks)} checks: {sum(c.status == 'pass' for c in checks)} pass, "
-          f"{sum(c.status == 'warn' for c in checks)} warn, {failed} fail")
+    print(
+        f"{len(checks)} checks: {sum(c.status == 'pass' for c in checks)} pass, "
+        f"{sum(c.status == 'warn' for c in checks)} warn, {failed} fail"
+    )
     return 1 if failed else 0
 
 
@@ -159,7 +168,9 @@ def _cache_verify_cmd(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="print the resolved config and hardware plan")
@@ -197,13 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_doctor_cmd)
     p = sub.add_parser("cache", help="look after the cache: moai cache verify")
     cache_sub = p.add_subparsers(dest="cache_command", required=True)
-    p = cache_sub.add_parser("verify", help="check every published stage output against its manifest; "
-                                            "exit 1 if any is damaged")
-    p.add_argument("target", nargs="?", metavar="CONFIG_OR_CACHE_DIR",
-                   help="a config file or preset (its cache_dir), or a cache folder; default: .moai")
+    p = cache_sub.add_parser(
+        "verify", help="check every published stage output against its manifest; exit 1 if any is damaged"
+    )
+    p.add_argument(
+        "target",
+        nargs="?",
+        metavar="CONFIG_OR_CACHE_DIR",
+        help="a config file or preset (its cache_dir), or a cache folder; default: .moai",
+    )
     p.add_argument("--cache-dir", help="the cache folder to check")
-    p.add_argument("--all-problems", action="store_true",
-                   help="list every problem of a damaged entry, not only the first")
+    p.add_argument(
+        "--all-problems", action="store_true", help="list every problem of a damaged entry, not only the first"
+    )
     p.set_defaults(func=_cache_verify_cmd)
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -32,7 +32,9 @@ class SourceConfig(_Model):
     split: str = "train"
     subset: str | None = None
     text_field: str | None = Field(None, description="Column that holds the text.")
-    text_template: str | None = Field(None, description="Python format string over the row's fields, e.g. '{input}\\n{solution}'.")
+    text_template: str | None = Field(
+        None, description="Python format string over the row's fields, e.g. '{input}\\n{solution}'."
+    )
     on_bad_rows: Literal["error", "skip"] = Field(
         "error", description="Malformed lines, invalid UTF-8, missing fields: fail naming the row, or skip and count."
     )
@@ -51,7 +53,9 @@ class SourceConfig(_Model):
             try:
                 template_fields(self.text_template)
             except ValueError as err:
-                raise ValueError(f"source.text_template {self.text_template!r} is not a valid format string: {err}") from None
+                raise ValueError(
+                    f"source.text_template {self.text_template!r} is not a valid format string: {err}"
+                ) from None
         return self
 
 
@@ -92,7 +96,9 @@ class TokenizerTrainConfig(_Model):
 
 
 class TokenizerConfig(_Model):
-    path: str | None = Field(None, description="A Hugging Face fast tokenizer folder (with tokenizer.json) or hub name.")
+    path: str | None = Field(
+        None, description="A Hugging Face fast tokenizer folder (with tokenizer.json) or hub name."
+    )
     train: TokenizerTrainConfig | None = Field(None, description="Train a byte-level BPE on the saved text instead.")
     trust_remote_code: bool = False
 
@@ -129,7 +135,8 @@ class TrainConfig(_Model):
         "pretrain", description="pretrain: random init from model_config; continue: weights from init_from."
     )
     model: str | dict[str, Any] | None = Field(
-        None, alias="model_config",
+        None,
+        alias="model_config",
         description="A transformers config.json path or an inline dict with model_type (llama, qwen2, qwen3, ...).",
     )
     init_from: str | None = Field(None, description="A save_pretrained folder to continue from (mode: continue).")
@@ -191,7 +198,9 @@ class RunnerConfig(_Model):
     """Where the flow runs the tokenize units: in the flow's process, or on a Dask cluster."""
 
     kind: Literal["local", "dask"] = "local"
-    address: str | None = Field(None, description="tcp://scheduler:8786 of an existing Dask cluster (None: a LocalCluster).")
+    address: str | None = Field(
+        None, description="tcp://scheduler:8786 of an existing Dask cluster (None: a LocalCluster)."
+    )
     n_workers: int | None = Field(None, ge=1, description="LocalCluster workers (None: one per 2 cores).")
     num_shards: int | None = Field(None, ge=1, description="Tokenize units (None: 4 per worker).")
 

@@ -38,8 +38,14 @@ class Facts:
     prefect_error: str | None = None
 
 
-ENV_VARS = ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS", "OMP_NUM_THREADS", "DATASET_NUM_PROC",
-            "DATASET_BATCH_SIZE", "DATASET_WRITER_BATCH_SIZE")
+ENV_VARS = (
+    "TOKENIZERS_PARALLELISM",
+    "RAYON_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "DATASET_NUM_PROC",
+    "DATASET_BATCH_SIZE",
+    "DATASET_WRITER_BATCH_SIZE",
+)
 
 
 def evaluate(f: Facts) -> list[Check]:
@@ -54,28 +60,59 @@ def evaluate(f: Facts) -> list[Check]:
         if tok.get("error"):
             out.append(Check("tokenizer", "fail", tok["error"], "point tokenizer.path at a folder with tokenizer.json"))
         elif tok.get("is_fast"):
-            out.append(Check("tokenizer", "pass", f"{tok.get('path')} is fast (Rust tokenizers), vocab {tok.get('vocab_size')}"))
+            out.append(
+                Check(
+                    "tokenizer", "pass", f"{tok.get('path')} is fast (Rust tokenizers), vocab {tok.get('vocab_size')}"
+                )
+            )
         else:
-            out.append(Check("tokenizer", "fail", f"{tok.get('path')} is a slow tokenizer",
-                             "save a fast one: AutoTokenizer.from_pretrained(path).save_pretrained(path)"))
+            out.append(
+                Check(
+                    "tokenizer",
+                    "fail",
+                    f"{tok.get('path')} is a slow tokenizer",
+                    "save a fast one: AutoTokenizer.from_pretrained(path).save_pretrained(path)",
+                )
+            )
     else:
         out.append(Check("tokenizer", "warn", "no config given: tokenizer not checked", "run `moai doctor CONFIG`"))
 
     mem_status = "pass" if hw.mem_available_gb >= 4 else "warn"
-    out.append(Check("cores and memory", mem_status,
-                     f"{hw.cores} cores, {hw.mem_available_gb} GB available; plan: {f.plan_summary}",
-                     "" if mem_status == "pass" else "free memory or set resources.mem_budget_gb; stages stream, but workers need room"))
+    out.append(
+        Check(
+            "cores and memory",
+            mem_status,
+            f"{hw.cores} cores, {hw.mem_available_gb} GB available; plan: {f.plan_summary}",
+            ""
+            if mem_status == "pass"
+            else "free memory or set resources.mem_budget_gb; stages stream, but workers need room",
+        )
+    )
 
-    disk_fix = {"hdd": "put cache_dir on an SSD: memory-mapped reads are random access",
-                "network": "put cache_dir on a local disk: file locks and memory maps over network filesystems are slow or unsafe",
-                "unknown": "check that cache_dir is on a local SSD"}
-    out.append(Check("disk", "pass" if hw.disk_type == "ssd" else "warn", f"cache_dir on {hw.disk_type}",
-                     disk_fix.get(hw.disk_type, "")))
+    disk_fix = {
+        "hdd": "put cache_dir on an SSD: memory-mapped reads are random access",
+        "network": "put cache_dir on a local disk: file locks and memory maps over network filesystems are slow or unsafe",
+        "unknown": "check that cache_dir is on a local SSD",
+    }
+    out.append(
+        Check(
+            "disk",
+            "pass" if hw.disk_type == "ssd" else "warn",
+            f"cache_dir on {hw.disk_type}",
+            disk_fix.get(hw.disk_type, ""),
+        )
+    )
     if hw.disk_free_gb < 1:
         out.append(Check("free space", "fail", f"{hw.disk_free_gb} GB free", "free disk space or move cache_dir"))
     elif hw.disk_free_gb < 20:
-        out.append(Check("free space", "warn", f"{hw.disk_free_gb} GB free: a corpus needs ~3× its size",
-                         "free disk space or move cache_dir"))
+        out.append(
+            Check(
+                "free space",
+                "warn",
+                f"{hw.disk_free_gb} GB free: a corpus needs ~3× its size",
+                "free disk space or move cache_dir",
+            )
+        )
     else:
         out.append(Check("free space", "pass", f"{hw.disk_free_gb} GB free"))
 
@@ -83,34 +120,66 @@ def evaluate(f: Facts) -> list[Check]:
     out.extend(_torch_checks(f.torch))
 
     if f.accelerate_default_config:
-        out.append(Check("accelerate config", "warn", f"{f.accelerate_default_config} exists",
-                         "moai always passes its own config file, so this default is ignored by moai runs; "
-                         "remove it if other launches should not pick it up"))
+        out.append(
+            Check(
+                "accelerate config",
+                "warn",
+                f"{f.accelerate_default_config} exists",
+                "moai always passes its own config file, so this default is ignored by moai runs; "
+                "remove it if other launches should not pick it up",
+            )
+        )
     else:
         out.append(Check("accelerate config", "pass", "no default config: moai's explicit settings apply"))
 
     if not f.prefect_api_url:
-        out.append(Check("prefect api", "warn", "PREFECT_API_URL not set: each flow run starts a temporary server (~10 s)",
-                         "prefect server start --host 127.0.0.1 and export PREFECT_API_URL=http://127.0.0.1:4200/api"))
+        out.append(
+            Check(
+                "prefect api",
+                "warn",
+                "PREFECT_API_URL not set: each flow run starts a temporary server (~10 s)",
+                "prefect server start --host 127.0.0.1 and export PREFECT_API_URL=http://127.0.0.1:4200/api",
+            )
+        )
     elif f.prefect_reachable:
         out.append(Check("prefect api", "pass", f"{f.prefect_api_url} answers"))
     else:
-        out.append(Check("prefect api", "fail", f"{f.prefect_api_url} unreachable: {f.prefect_error}",
-                         "start the server, or unset PREFECT_API_URL to use a temporary one"))
+        out.append(
+            Check(
+                "prefect api",
+                "fail",
+                f"{f.prefect_api_url} unreachable: {f.prefect_error}",
+                "start the server, or unset PREFECT_API_URL to use a temporary one",
+            )
+        )
     return out
 
 
 def _env_checks(env: dict[str, str], env_error: str | None, cores: int) -> list[Check]:
     out = []
     if env.get("TOKENIZERS_PARALLELISM", "").lower() in ("false", "0"):
-        out.append(Check("TOKENIZERS_PARALLELISM", "warn", "false: each tokenize process encodes on one thread",
-                         "unset it; moai sets threads per process itself"))
+        out.append(
+            Check(
+                "TOKENIZERS_PARALLELISM",
+                "warn",
+                "false: each tokenize process encodes on one thread",
+                "unset it; moai sets threads per process itself",
+            )
+        )
     rayon = env.get("RAYON_NUM_THREADS")
     if rayon and rayon.isdigit() and int(rayon) < cores:
-        out.append(Check("RAYON_NUM_THREADS", "warn", f"{rayon} of {cores} cores for tokenizing in one process",
-                         "unset it unless you share the machine"))
+        out.append(
+            Check(
+                "RAYON_NUM_THREADS",
+                "warn",
+                f"{rayon} of {cores} cores for tokenizing in one process",
+                "unset it unless you share the machine",
+            )
+        )
     if env.get("OMP_NUM_THREADS") == "1":
-        out.append(Check("OMP_NUM_THREADS", "warn", "1: CPU training uses one core per process", "unset it for CPU runs"))
+        out.append(
+            Check("OMP_NUM_THREADS", "warn", "1: CPU training uses one core per process", "unset it for CPU runs")
+        )
     if env_error:
         out.append(Check("DATASET_* variables", "fail", env_error, "set a positive integer or unset it"))
     else:
@@ -126,16 +195,33 @@ def _torch_checks(t: dict[str, Any]) -> list[Check]:
     out = [Check("torch", "pass", f"torch {t['version']}")]
     devices = t.get("cuda_devices") or []
     if not devices:
-        out.append(Check("gpu", "warn", "no CUDA GPU: training runs on CPU (fine for the tiny preset)",
-                         "on a GPU machine, install a CUDA build of torch"))
+        out.append(
+            Check(
+                "gpu",
+                "warn",
+                "no CUDA GPU: training runs on CPU (fine for the tiny preset)",
+                "on a GPU machine, install a CUDA build of torch",
+            )
+        )
         return out
     out.append(Check("gpu", "pass", f"{len(devices)} × {devices[0]}"))
-    out.append(Check("bf16", "pass" if t.get("bf16") else "warn", "supported" if t.get("bf16") else "not supported",
-                     "" if t.get("bf16") else "use train.mixed_precision: fp16"))
+    out.append(
+        Check(
+            "bf16",
+            "pass" if t.get("bf16") else "warn",
+            "supported" if t.get("bf16") else "not supported",
+            "" if t.get("bf16") else "use train.mixed_precision: fp16",
+        )
+    )
     out.append(Check("tf32", "pass" if t.get("tf32") else "warn", "available" if t.get("tf32") else "not on this GPU"))
-    out.append(Check("flash sdpa", "pass" if t.get("flash_sdpa") else "warn",
-                     "flash attention kernel available" if t.get("flash_sdpa") else "no flash kernel for SDPA",
-                     "" if t.get("flash_sdpa") else "an Ampere or newer GPU enables it"))
+    out.append(
+        Check(
+            "flash sdpa",
+            "pass" if t.get("flash_sdpa") else "warn",
+            "flash attention kernel available" if t.get("flash_sdpa") else "no flash kernel for SDPA",
+            "" if t.get("flash_sdpa") else "an Ampere or newer GPU enables it",
+        )
+    )
     return out
 
 
@@ -175,7 +261,15 @@ def gather(config: PipelineConfig | None) -> Facts:
             reachable = httpx.get(api.rstrip("/") + "/health", timeout=5).status_code == 200
         except httpx.HTTPError as err:
             reachable, error = False, f"{type(err).__name__}: {err}"
-    return Facts(hardware=hw, plan_summary=summary, tokenizer=tok,
-                 env={k: os.environ[k] for k in ENV_VARS if k in os.environ}, env_error=env_error,
-                 torch=accelerator_facts(), accelerate_default_config=str(default_acc) if default_acc.is_file() else None,
-                 prefect_api_url=api, prefect_reachable=reachable, prefect_error=error)
+    return Facts(
+        hardware=hw,
+        plan_summary=summary,
+        tokenizer=tok,
+        env={k: os.environ[k] for k in ENV_VARS if k in os.environ},
+        env_error=env_error,
+        torch=accelerator_facts(),
+        accelerate_default_config=str(default_acc) if default_acc.is_file() else None,
+        prefect_api_url=api,
+        prefect_reachable=reachable,
+        prefect_error=error,
+    )

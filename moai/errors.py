@@ -30,5 +30,7 @@ class CacheError(MoaiError, ValueError):
         """The one-line error for a damaged output folder: what is wrong, and the fix (rebuild it)."""
         import shlex
 
-        return cls(f"{what} {folder} is damaged: {problem}; remove the folder (rm -rf {shlex.quote(str(folder))}) "
-                   "and rerun: it will be rebuilt")
+        return cls(
+            f"{what} {folder} is damaged: {problem}; remove the folder (rm -rf {shlex.quote(str(folder))}) "
+            "and rerun: it will be rebuilt"
+        )

@@ -15,7 +15,20 @@ from typing import Any
 
 from moai.config import PipelineConfig
 
-NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "lustre", "gpfs", "beegfs", "fuse.sshfs", "9p", "ceph", "glusterfs"}
+NETWORK_FILESYSTEMS = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smbfs",
+    "smb3",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "fuse.sshfs",
+    "9p",
+    "ceph",
+    "glusterfs",
+}
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,14 @@ class Plan:
     def rows(self) -> list[dict[str, str]]:
         """The plan as table rows (setting, value, reason), for printing and UI artifacts."""
         out = []
-        for name in ("num_proc", "threads_per_proc", "batch_size", "writer_batch_size", "memory_mode", "loader_workers"):
+        for name in (
+            "num_proc",
+            "threads_per_proc",
+            "batch_size",
+            "writer_batch_size",
+            "memory_mode",
+            "loader_workers",
+        ):
             d: Decision = getattr(self, name)
             out.append({"setting": name, "value": str(d.value), "reason": d.reason})
         return out
@@ -54,7 +74,9 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "hardware": asdict(self.hardware),
-            "decisions": {r["setting"]: {"value": getattr(self, r["setting"]).value, "reason": r["reason"]} for r in self.rows()},
+            "decisions": {
+                r["setting"]: {"value": getattr(self, r["setting"]).value, "reason": r["reason"]} for r in self.rows()
+            },
         }
 
 
@@ -117,7 +139,11 @@ def _explicit(name: str, config_value: Any, env: dict[str, int]) -> Decision | N
     if config_value is not None:
         return Decision(config_value, f"set in config ({name})")
     if name in env:
-        var = {"num_proc": "DATASET_NUM_PROC", "batch_size": "DATASET_BATCH_SIZE", "writer_batch_size": "DATASET_WRITER_BATCH_SIZE"}[name]
+        var = {
+            "num_proc": "DATASET_NUM_PROC",
+            "batch_size": "DATASET_BATCH_SIZE",
+            "writer_batch_size": "DATASET_WRITER_BATCH_SIZE",
+        }[name]
         return Decision(env[name], f"set by environment variable {var}")
     return None
 
@@ -143,7 +169,9 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
     num_proc = _explicit("num_proc", tok.num_proc or res.num_proc, env)
     if num_proc is None:
         if hw.cores <= SMALL_MACHINE_CORES:
-            num_proc = Decision(1, f"{hw.cores} cores: one process with all cores as Rayon threads avoids worker start-up")
+            num_proc = Decision(
+                1, f"{hw.cores} cores: one process with all cores as Rayon threads avoids worker start-up"
+            )
         else:
             by_cores = max(1, hw.cores // THREADS_PER_PROC_MANY_CORES)
             by_mem = max(1, int(budget_gb / WORKER_BASE_GB))
@@ -168,7 +196,9 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
         writer = Decision(10_000, "10000 rows per Arrow record batch: flat memory while converting text")
 
     if hw.mem_available_gb < 2:
-        memory_mode = Decision("lean", f"only {hw.mem_available_gb} GB available: smallest batches, one worker at a time")
+        memory_mode = Decision(
+            "lean", f"only {hw.mem_available_gb} GB available: smallest batches, one worker at a time"
+        )
     else:
         memory_mode = Decision("stream", f"{hw.mem_available_gb} GB available; every stage streams in bounded batches")
 

@@ -58,16 +58,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(t: TrainConfig, resolved_path: str, *, num_gpus: int, port: int, accelerate_config: str,
-                   python: str = sys.executable, module: str = "moai.train") -> Launch:
+def launch_command(
+    t: TrainConfig,
+    resolved_path: str,
+    *,
+    num_gpus: int,
+    port: int,
+    accelerate_config: str,
+    python: str = sys.executable,
+    module: str = "moai.train",
+) -> Launch:
     """The `accelerate launch` argv and extra environment for this train config on this machine."""
     per_machine = t.num_processes or max(1, num_gpus)
     total = per_machine * t.num_machines
     mixed = t.mixed_precision or ("bf16" if num_gpus else "no")
-    argv = [python, "-m", "accelerate.commands.launch", "--config_file", t.accelerate_config or accelerate_config,
-            "--num_processes", str(total), "--num_machines", str(t.num_machines),
-            "--machine_rank", str(t.machine_rank), "--mixed_precision", mixed,
-            "--main_process_port", str(t.main_process_port or port)]
+    argv = [
+        python,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        t.accelerate_config or accelerate_config,
+        "--num_processes",
+        str(total),
+        "--num_machines",
+        str(t.num_machines),
+        "--machine_rank",
+        str(t.machine_rank),
+        "--mixed_precision",
+        mixed,
+        "--main_process_port",
+        str(t.main_process_port or port),
+    ]
     env: dict[str, str] = {}
     if num_gpus == 0:
         if total > 1:
@@ -93,8 +114,9 @@ def resolve(config: PipelineConfig, data: DataPaths | dict[str, Any], loader_wor
     out.mkdir(parents=True, exist_ok=True)
     # Absolute, so the launched ranks find everything whatever their working directory.
     config = config.model_copy(update={"train": config.train.model_copy(update={"output_dir": str(out)})})
-    path = ResolvedRun(config=config, data=DataPaths.model_validate(data), loader_workers=loader_workers
-                       ).write(out / "resolved.json")
+    path = ResolvedRun(config=config, data=DataPaths.model_validate(data), loader_workers=loader_workers).write(
+        out / "resolved.json"
+    )
     import yaml
 
     (out / "accelerate.yaml").write_text(yaml.safe_dump(BASE_ACCELERATE_CONFIG))
@@ -104,12 +126,25 @@ def resolve(config: PipelineConfig, data: DataPaths | dict[str, Any], loader_wor
 FAILED_LINE = re.compile(r"\[rank (\d+)\] moai\.train failed: (.*)")
 
 
-def run_launch(launch: Launch, on_line: Callable[[str], None], on_metrics: Callable[[dict], None] | None = None,
-               cwd: str | None = None, tail_lines: int = 40) -> dict[str, Any]:
+def run_launch(
+    launch: Launch,
+    on_line: Callable[[str], None],
+    on_metrics: Callable[[dict], None] | None = None,
+    cwd: str | None = None,
+    tail_lines: int = 40,
+) -> dict[str, Any]:
     """Run the launch, stream its output; return the last metrics line. Raise `TrainingFailed` on failure."""
     env = {**os.environ, **launch.env, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(launch.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=env, cwd=cwd, start_new_session=True)
+    proc = subprocess.Popen(
+        launch.argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     failures: list[str] = []
     last: dict[str, Any] = {}

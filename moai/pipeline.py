@@ -63,8 +63,14 @@ class Stage:
     def of(cls, module: ModuleType) -> Stage:
         """The stage a module declares (see the module docstring)."""
         reads = getattr(module, "reads", None) or (lambda config, fixed=tuple(module.READS): fixed)
-        return cls(module.NAME, module.VERSION, reads, module.settings, module.build,
-                   getattr(module, "enabled", lambda config: True))
+        return cls(
+            module.NAME,
+            module.VERSION,
+            reads,
+            module.settings,
+            module.build,
+            getattr(module, "enabled", lambda config: True),
+        )
 
 
 @dataclass
@@ -134,9 +140,16 @@ def key_of(config: PipelineConfig, name: str, inputs: Inputs) -> str:
     return stage_key(s.name, s.version, upstream(config, name, inputs), s.settings(config))
 
 
-def run_stage(config: PipelineConfig, name: str, inputs: Inputs, *, plan: Plan | None = None,
-              progress: bool = True, on_progress: Callable[[float], None] | None = None,
-              options: dict[str, Any] | None = None) -> StageResult:
+def run_stage(
+    config: PipelineConfig,
+    name: str,
+    inputs: Inputs,
+    *,
+    plan: Plan | None = None,
+    progress: bool = True,
+    on_progress: Callable[[float], None] | None = None,
+    options: dict[str, Any] | None = None,
+) -> StageResult:
     """Reuse the published output of a stage, or build it once (see `moai.store`)."""
     s = stage(name)
     store = Store(config.cache_dir)
@@ -144,8 +157,16 @@ def run_stage(config: PipelineConfig, name: str, inputs: Inputs, *, plan: Plan |
     ups, settings = upstream(config, name, inputs), s.settings(config)
 
     def build(out: Path) -> dict[str, Any]:
-        ctx = BuildContext(config, plan or make_plan(detect(config.cache_dir, with_gpus=False), config, read_env()),
-                           inputs, store, key, progress, on_progress, options or {})
+        ctx = BuildContext(
+            config,
+            plan or make_plan(detect(config.cache_dir, with_gpus=False), config, read_env()),
+            inputs,
+            store,
+            key,
+            progress,
+            on_progress,
+            options or {},
+        )
         return s.build(ctx, out)
 
     pub = store.build(name, key, build, manifest={"upstream": ups, "settings": settings, "version": s.version})
@@ -156,8 +177,13 @@ def run_stage(config: PipelineConfig, name: str, inputs: Inputs, *, plan: Plan |
 Run = Callable[[str, Inputs], StageResult]
 
 
-def walk(config: PipelineConfig, run: Run | None = None, *, until: str | None = None,
-         root_values: dict[str, str] | None = None) -> dict[str, StageResult]:
+def walk(
+    config: PipelineConfig,
+    run: Run | None = None,
+    *,
+    until: str | None = None,
+    root_values: dict[str, str] | None = None,
+) -> dict[str, StageResult]:
     """Run the enabled stages in order with `run(name, inputs)` (default `run_stage`), up to and
     including `until`; return every stage's result by name."""
     run = run or (lambda name, inputs: run_stage(config, name, inputs))
@@ -185,7 +211,9 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
         "num_tokens": tokens.report["tokens"],
         "num_documents": tokens.report["documents"],
         "num_samples": packed.report["samples"] if packed else None,
-        "stages": {name: {"key": r.key, "built": r.built, "seconds": r.report.get("seconds")} for name, r in results.items()},
+        "stages": {
+            name: {"key": r.key, "built": r.built, "seconds": r.report.get("seconds")} for name, r in results.items()
+        },
     }
 
 
@@ -197,20 +225,32 @@ def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = T
 def merge(config: PipelineConfig, num_shards: int | None = None) -> dict[str, Any]:
     """Publish the token store from tokenize-shard units, then the rest of the graph; return `summary`."""
     options = {"num_shards": num_shards or 0}  # 0: merge without naming the missing shards' indices
-    return summary(walk(config, lambda name, inputs: run_stage(
-        config, name, inputs, progress=False, options=options if name == "tokenize" else None)))
+    return summary(
+        walk(
+            config,
+            lambda name, inputs: run_stage(
+                config, name, inputs, progress=False, options=options if name == "tokenize" else None
+            ),
+        )
+    )
 
 
 def tokenize_shard(config: PipelineConfig, shard_index: int, num_shards: int) -> dict[str, Any]:
     """One unit of the tokenize stage (see `moai.stages.tokenize.units`): the stages before it, then its parts."""
     done = walk(config, until=tokenizer.NAME)
     inputs = {r: done[r] for r in stage(tokenize.NAME).reads(config)}
-    return tokenize.run_unit(config, key_of(config, tokenize.NAME, inputs), inputs,
-                             shard_index=shard_index, num_shards=num_shards)
+    return tokenize.run_unit(
+        config, key_of(config, tokenize.NAME, inputs), inputs, shard_index=shard_index, num_shards=num_shards
+    )
 
 
-def launch_training(config: PipelineConfig, prepared: dict[str, Any], on_line: Callable[[str], None],
-                    on_metrics: Callable[[dict], None] | None = None, plan: Plan | None = None) -> dict[str, Any]:
+def launch_training(
+    config: PipelineConfig,
+    prepared: dict[str, Any],
+    on_line: Callable[[str], None],
+    on_metrics: Callable[[dict], None] | None = None,
+    plan: Plan | None = None,
+) -> dict[str, Any]:
     """Train on prepared data with `accelerate launch python -m moai.train`; return the last metrics."""
     from moai import launch
     from moai.errors import DataError
@@ -220,7 +260,12 @@ def launch_training(config: PipelineConfig, prepared: dict[str, Any], on_line: C
     plan = plan or make_plan(detect(config.cache_dir, with_gpus=True), config, read_env())
     data = {k: prepared[k] for k in ("sample_index", "tokenizer", "token_store")}
     resolved = launch.resolve(config, data, plan.loader_workers.value)
-    cmd = launch.launch_command(config.train, str(resolved), num_gpus=len(plan.hardware.gpus), port=launch.free_port(),
-                                accelerate_config=str(resolved.parent / "accelerate.yaml"))
+    cmd = launch.launch_command(
+        config.train,
+        str(resolved),
+        num_gpus=len(plan.hardware.gpus),
+        port=launch.free_port(),
+        accelerate_config=str(resolved.parent / "accelerate.yaml"),
+    )
     log.info("launching %d training process(es): %s", cmd.num_processes, " ".join(cmd.argv))
     return launch.run_launch(cmd, on_line, on_metrics)

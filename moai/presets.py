@@ -18,26 +18,40 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 # A 2-layer Llama small enough to train for a few dozen steps on a laptop CPU in seconds.
-TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
-              "tie_word_embeddings": True}
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
 
 
 def tiny(cache_dir: str = ".moai") -> PipelineConfig:
-    return PipelineConfig.model_validate({
-        "cache_dir": cache_dir,
-        "source": {"path": str(ASSETS / "tiny.jsonl"), "text_field": "text"},
-        "filter": {"min_chars": 1},
-        "tokenizer": {"train": {"vocab_size": 2048}},
-        "pack": {"enabled": True, "seq_len": 128},
-        "split": {"val_fraction": 0.05},
-        "train": {
-            "model_config": TINY_LLAMA,
-            "output_dir": str(Path(cache_dir) / "runs" / "tiny"),
-            "max_steps": 40, "micro_batch_size": 8, "lr": 3e-3, "warmup_steps": 4,
-            "log_every": 5, "save_every": 20, "eval_batches": 4,
-        },
-    })
+    return PipelineConfig.model_validate(
+        {
+            "cache_dir": cache_dir,
+            "source": {"path": str(ASSETS / "tiny.jsonl"), "text_field": "text"},
+            "filter": {"min_chars": 1},
+            "tokenizer": {"train": {"vocab_size": 2048}},
+            "pack": {"enabled": True, "seq_len": 128},
+            "split": {"val_fraction": 0.05},
+            "train": {
+                "model_config": TINY_LLAMA,
+                "output_dir": str(Path(cache_dir) / "runs" / "tiny"),
+                "max_steps": 40,
+                "micro_batch_size": 8,
+                "lr": 3e-3,
+                "warmup_steps": 4,
+                "log_every": 5,
+                "save_every": 20,
+                "eval_batches": 4,
+            },
+        }
+    )
 
 
 PRESETS: dict[str, Callable[[], PipelineConfig]] = {"tiny": tiny}

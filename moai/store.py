@@ -125,7 +125,9 @@ class Store:
         waited = time.perf_counter()
         with lock:
             if self.exists(stage, key):
-                log.info("%s %s: built by another process while waiting (%.1fs)", stage, key, time.perf_counter() - waited)
+                log.info(
+                    "%s %s: built by another process while waiting (%.1fs)", stage, key, time.perf_counter() - waited
+                )
                 return self.read(stage, key)
             final = self.path(stage, key)
             if final.exists():  # a folder without manifest cannot come from us; never trust it
@@ -164,10 +166,13 @@ class Store:
 
 # -- what a published folder holds, and checking it ----------------------------------------------
 
+
 def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     """Every file under `folder` except its manifest: relative path -> size in bytes and xxh3-128."""
-    return {rel: {"bytes": (folder / rel).stat().st_size, "xxh3_128": file_digest(folder / rel)}
-            for rel in _relative_files(folder)}
+    return {
+        rel: {"bytes": (folder / rel).stat().st_size, "xxh3_128": file_digest(folder / rel)}
+        for rel in _relative_files(folder)
+    }
 
 
 def file_digest(path: Path, chunk_bytes: int = 1 << 22) -> str:
@@ -215,9 +220,13 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(manifest, dict):
         return None, f"its {MANIFEST} holds a {type(manifest).__name__}, not an object"
     files = manifest.get(FILES)
-    if files is not None and not (isinstance(files, dict) and all(
+    if files is not None and not (
+        isinstance(files, dict)
+        and all(
             isinstance(r, dict) and isinstance(r.get("bytes"), int) and isinstance(r.get("xxh3_128"), str)
-            for r in files.values())):
+            for r in files.values()
+        )
+    ):
         return None, f"the {FILES!r} list of its {MANIFEST} is malformed"
     return manifest, None
 
@@ -279,8 +288,10 @@ class EntryCheck:
         if self.status == DAMAGED:
             return str(CacheError.damaged(self.path, _first(list(self.problems))))
         if self.status == UNVERIFIABLE:
-            return (f"cache entry {self.path} is unverifiable: its {MANIFEST} has no file list (written by an older "
-                    "moai); if in doubt remove the folder: it will be rebuilt when needed")
+            return (
+                f"cache entry {self.path} is unverifiable: its {MANIFEST} has no file list (written by an older "
+                "moai); if in doubt remove the folder: it will be rebuilt when needed"
+            )
         return f"cache entry {self.path} is ok"
 
 

@@ -9,12 +9,16 @@ import json
 import random
 from pathlib import Path
 
-EN = ("the model reads tokens from a packed stream and learns to predict the next one "
-      "data pipelines should be fast safe and observable every stage writes one folder "
-      "a cache key hashes the input fingerprint the settings and the version of a stage "
-      "training on packed rows wastes no compute on padding and resumes exactly").split()
-KO = ("모델은 다음 토큰을 예측하도록 학습합니다 데이터 파이프라인은 빠르고 안전해야 합니다 "
-      "한국어 문서와 코드가 함께 들어 있는 말뭉치를 토큰화합니다 캐시는 입력의 지문으로 구분됩니다").split()
+EN = (
+    "the model reads tokens from a packed stream and learns to predict the next one "
+    "data pipelines should be fast safe and observable every stage writes one folder "
+    "a cache key hashes the input fingerprint the settings and the version of a stage "
+    "training on packed rows wastes no compute on padding and resumes exactly"
+).split()
+KO = (
+    "모델은 다음 토큰을 예측하도록 학습합니다 데이터 파이프라인은 빠르고 안전해야 합니다 "
+    "한국어 문서와 코드가 함께 들어 있는 말뭉치를 토큰화합니다 캐시는 입력의 지문으로 구분됩니다"
+).split()
 CODE = [
     "def add(a, b):\n    return a + b\n",
     "for i in range(10):\n    print(i * i)\n",

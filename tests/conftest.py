@@ -55,14 +55,19 @@ def train_bpe(folder: Path, texts: list[str], vocab_size: int = 600, bos: bool =
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<eos>", "<pad>"] + (["<bos>"] if bos else [])
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     if bos:
         bos_id = tok.token_to_id("<bos>")
         tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos_id)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
-                                   bos_token="<bos>" if bos else None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>" if bos else None
+    )
     fast.save_pretrained(str(folder))
     return folder
 
@@ -117,13 +122,22 @@ def run_offline(code: str, tmp_path: Path):
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A Prefect test server for the session (telemetry off, heartbeats off, results in a temp dir)."""
-    from prefect.settings import (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_LOCAL_STORAGE_PATH,
-                                  PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings)
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        temporary_settings,
+    )
     from prefect.testing.utilities import prefect_test_harness
 
     storage = tmp_path_factory.mktemp("prefect-storage")
-    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_SERVER_ANALYTICS_ENABLED: False,
-                             PREFECT_LOCAL_STORAGE_PATH: storage}):
+    with temporary_settings(
+        {
+            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+            PREFECT_SERVER_ANALYTICS_ENABLED: False,
+            PREFECT_LOCAL_STORAGE_PATH: storage,
+        }
+    ):
         with prefect_test_harness(server_startup_timeout=90):
             yield
 
@@ -141,4 +155,8 @@ def pretrain():
 
 def store_files(root: Path) -> dict[Path, bytes]:
     """Every file under a store folder with its bytes, manifests (timings) left out."""
-    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "_manifest.json"}
+    return {
+        p.relative_to(root): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "_manifest.json"
+    }

@@ -20,8 +20,10 @@ import shutil
 from pathlib import Path
 
 FAMILIES = ("tekken", "qwen", "sentencepiece")
-QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
-                r"""|\s+(?!\S)|\s+""")
+QWEN_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -52,10 +54,12 @@ def qwen(folder: Path) -> Path:
     vocab, merges = MistralConverter._extract_merges(ranks)
     tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     from tokenizers import AddedToken
@@ -71,11 +75,21 @@ def sentencepiece(folder: Path) -> Path:
 
     src = folder.parent / f"{folder.name}-src"
     src.mkdir(parents=True, exist_ok=True)
-    shutil.copy(package_dir("mistral_common") / "data" / "mistral_instruct_tokenizer_240323.model.v3",
-                src / "tokenizer.model")
-    (src / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "legacy": False, "add_bos_token": True}))
+    shutil.copy(
+        package_dir("mistral_common") / "data" / "mistral_instruct_tokenizer_240323.model.v3", src / "tokenizer.model"
+    )
+    (src / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "LlamaTokenizer",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "legacy": False,
+                "add_bos_token": True,
+            }
+        )
+    )
     AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(folder))
     return folder
 
@@ -113,18 +127,43 @@ def hard_texts(n: int, seed: int = 0) -> list[str]:
 
     rng = random.Random(seed)
     bits = [
-        "한국어 데이터로 모델을 학습합니다.", "토큰화는 빠르게!", "안녕하세요\n반갑습니다", "가 조합형 한글",
-        "def f(x):\n\treturn x ** 2  # 제곱\n", "if (a && b) { return \"ok\"; }\r\n", "    indented\n\n\n",
-        "emoji 🙂🚀 👩‍💻 🇰🇷 family 👨‍👩‍👧", "e\u0301 cafe\u0301 A\u030a", "ﬁ ligature ①②", "nbsp\u00a0here",
-        "zero\u200bwidth", "tabs\t\tand  spaces   ", "line\u2028sep", "1234567890 3.14159 1e-9",
-        "</s> <s> <|endoftext|> <|im_start|>user", "[INST] hi [/INST]", "<unk>", "'s 're 'VE I'M",
-        "ÀÉÎÕÜ ß Ωμέγα Кириллица", "中文文本测试", "日本語のテキスト", "\u0000nul", " leading space",
-        "trailing space ", "\n\nleading newlines", "x" * 300, "가" * 200, "🙂" * 50,
+        "한국어 데이터로 모델을 학습합니다.",
+        "토큰화는 빠르게!",
+        "안녕하세요\n반갑습니다",
+        "가 조합형 한글",
+        "def f(x):\n\treturn x ** 2  # 제곱\n",
+        'if (a && b) { return "ok"; }\r\n',
+        "    indented\n\n\n",
+        "emoji 🙂🚀 👩‍💻 🇰🇷 family 👨‍👩‍👧",
+        "e\u0301 cafe\u0301 A\u030a",
+        "ﬁ ligature ①②",
+        "nbsp\u00a0here",
+        "zero\u200bwidth",
+        "tabs\t\tand  spaces   ",
+        "line\u2028sep",
+        "1234567890 3.14159 1e-9",
+        "</s> <s> <|endoftext|> <|im_start|>user",
+        "[INST] hi [/INST]",
+        "<unk>",
+        "'s 're 'VE I'M",
+        "ÀÉÎÕÜ ß Ωμέγα Кириллица",
+        "中文文本测试",
+        "日本語のテキスト",
+        "\u0000nul",
+        " leading space",
+        "trailing space ",
+        "\n\nleading newlines",
+        "x" * 300,
+        "가" * 200,
+        "🙂" * 50,
     ]
     out = []
     for _ in range(n):
-        out.append("".join(rng.choice(bits) + rng.choice(["", " ", "\n", "\r\n", "  ", "\t"])
-                           for _ in range(rng.randint(1, 12))))
+        out.append(
+            "".join(
+                rng.choice(bits) + rng.choice(["", " ", "\n", "\r\n", "  ", "\t"]) for _ in range(rng.randint(1, 12))
+            )
+        )
     return out
 
 

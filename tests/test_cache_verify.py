@@ -49,8 +49,10 @@ def test_prepare_refuses_a_truncated_token_bin_then_rebuilds_it_once_removed(cac
         f.truncate(size - 1000)
     with pytest.raises(CacheError) as err:
         prepare(parse_config(data), progress=False)
-    assert str(err.value) == (f"cache entry {folder} is damaged: train/part-00000.bin has {size - 1000} bytes, "
-                              f"its manifest says {size}" + rm_fix(folder))
+    assert str(err.value) == (
+        f"cache entry {folder} is damaged: train/part-00000.bin has {size - 1000} bytes, "
+        f"its manifest says {size}" + rm_fix(folder)
+    )
 
     shutil.rmtree(folder)  # what the message says to do
     again = prepare(parse_config(data), progress=False)
@@ -76,8 +78,10 @@ def test_prepare_refuses_a_save_arrow_truncated_at_a_record_batch_boundary(cache
         assert pa.ipc.open_stream(source).read_all().num_rows == first.num_rows  # silently short
     with pytest.raises(CacheError) as err:
         prepare(parse_config(data), progress=False)
-    assert str(err.value) == (f"cache entry {folder} is damaged: train/data-00000-of-00001.arrow has {cut} bytes, "
-                              f"its manifest says {size}" + rm_fix(folder))
+    assert str(err.value) == (
+        f"cache entry {folder} is damaged: train/data-00000-of-00001.arrow has {cut} bytes, "
+        f"its manifest says {size}" + rm_fix(folder)
+    )
 
 
 def test_token_store_reader_refuses_a_truncated_part(cache):
@@ -92,8 +96,10 @@ def test_token_store_reader_refuses_a_truncated_part(cache):
     assert store.split("train").num_tokens > 0  # other splits still open
     with pytest.raises(CacheError) as err:
         store.split("validation")
-    assert str(err.value) == (f"token store {folder} is damaged: validation/part-00000.bin has {2 * tokens - 2} "
-                              f"bytes, tokens.json says {tokens} tokens of 2 bytes ({2 * tokens})" + rm_fix(folder))
+    assert str(err.value) == (
+        f"token store {folder} is damaged: validation/part-00000.bin has {2 * tokens - 2} "
+        f"bytes, tokens.json says {tokens} tokens of 2 bytes ({2 * tokens})" + rm_fix(folder)
+    )
 
     (folder / "train" / "part-00000.idx").unlink()
     with pytest.raises(CacheError, match="train/part-00000.idx is missing; remove the folder"):
@@ -124,8 +130,9 @@ def test_sample_index_reader_refuses_windows_beyond_the_token_split(cache):
 
 
 def moai(*args, cwd):
-    return subprocess.run([PYTHON, "-m", "moai.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=subprocess_env(), timeout=300)
+    return subprocess.run(
+        [PYTHON, "-m", "moai.cli", *args], capture_output=True, text=True, cwd=cwd, env=subprocess_env(), timeout=300
+    )
 
 
 def test_cache_verify_passes_a_healthy_cache_and_names_an_altered_entry(cache, tmp_path):

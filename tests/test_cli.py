@@ -7,8 +7,14 @@ from conftest import PYTHON, config_dict, subprocess_env
 
 
 def moai(*args, cwd, env=None):
-    return subprocess.run([PYTHON, "-m", "moai.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**subprocess_env(), **(env or {})}, timeout=300)
+    return subprocess.run(
+        [PYTHON, "-m", "moai.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**subprocess_env(), **(env or {})},
+        timeout=300,
+    )
 
 
 def test_plan_prints_config_and_reasons_and_runs_nothing(tmp_path, corpus):
@@ -31,8 +37,15 @@ def test_prepare_last_line_is_json_and_errors_are_one_line(tmp_path, corpus):
     assert {"token_store", "sample_index", "num_tokens", "num_documents"} <= set(last)
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"source": {"path": str(tmp_path / "none*.jsonl")}, "tokenizer": {"path": "t"},
-                                   "cache_dir": str(tmp_path / "c2")}))
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "source": {"path": str(tmp_path / "none*.jsonl")},
+                "tokenizer": {"path": "t"},
+                "cache_dir": str(tmp_path / "c2"),
+            }
+        )
+    )
     out = moai("prepare", str(bad), cwd=tmp_path)
     assert out.returncode == 2 and "moai: error: source.path" in out.stderr and "matches no files" in out.stderr
     assert "Traceback" not in out.stderr

@@ -23,8 +23,17 @@ def write_config(tmp_path, data):
 
 def test_four_racing_processes_build_each_stage_once(tmp_path, corpus):
     cfg = write_config(tmp_path, config_dict(tmp_path, corpus, {"train": {"vocab_size": 400}}))
-    procs = [subprocess.Popen(prepare_cmd(cfg), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=subprocess_env(), cwd=tmp_path) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            prepare_cmd(cfg),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=subprocess_env(),
+            cwd=tmp_path,
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
@@ -43,8 +52,14 @@ def test_sigkill_during_tokenize_leaves_nothing_published(tmp_path, tokenizer_di
     data["tokenize"] = {"batch_size": 200}
     cfg = write_config(tmp_path, data)
     tokenize_dir = tmp_path / "cache" / "tokenize"
-    proc = subprocess.Popen(prepare_cmd(cfg), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=subprocess_env(), cwd=tmp_path, start_new_session=True)
+    proc = subprocess.Popen(
+        prepare_cmd(cfg),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if tokenize_dir.is_dir() and any(p.name.startswith(".tmp-") for p in tokenize_dir.iterdir()):
@@ -58,8 +73,9 @@ def test_sigkill_during_tokenize_leaves_nothing_published(tmp_path, tokenizer_di
     assert any(n.startswith(".tmp-") for n in leftovers)
     assert not [n for n in leftovers if not n.startswith(".")], f"published after kill: {leftovers}"
 
-    rerun = subprocess.run(prepare_cmd(cfg), capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path,
-                           timeout=300)
+    rerun = subprocess.run(
+        prepare_cmd(cfg), capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     result = json.loads(rerun.stdout.strip().splitlines()[-1])
     assert result["stages"]["tokenize"]["built"] and not result["stages"]["convert"]["built"]

@@ -33,23 +33,34 @@ def test_the_documented_keys_load_from_yaml(tmp_path):
 
 def test_json_and_hub_and_template_forms(tmp_path):
     f = tmp_path / "c.json"
-    f.write_text(json.dumps({
-        "source": {"hub": "nvidia/OpenCodeGeneticInstruct", "split": "train", "subset": None,
-                   "text_template": "{input}\n{solution}"},
-        "tokenizer": {"train": {"vocab_size": 32000}},
-    }))
+    f.write_text(
+        json.dumps(
+            {
+                "source": {
+                    "hub": "nvidia/OpenCodeGeneticInstruct",
+                    "split": "train",
+                    "subset": None,
+                    "text_template": "{input}\n{solution}",
+                },
+                "tokenizer": {"train": {"vocab_size": 32000}},
+            }
+        )
+    )
     cfg = load_config(f)
     assert cfg.source.hub == "nvidia/OpenCodeGeneticInstruct" and cfg.source.text_field is None
     assert cfg.tokenizer.train.vocab_size == 32000
 
 
-@pytest.mark.parametrize("patch, named", [
-    ({"source": {"path": "x", "txt_field": "t"}}, "source.txt_field: unknown key"),
-    ({"pack": {"seq_length": 5}}, "pack.seq_length: unknown key"),
-    ({"bogus": 1}, "bogus: unknown key"),
-    ({"pack": {"seq_len": 0}}, "pack.seq_len"),
-    ({"split": {"val_fraction": 1.5}}, "split.val_fraction"),
-])
+@pytest.mark.parametrize(
+    "patch, named",
+    [
+        ({"source": {"path": "x", "txt_field": "t"}}, "source.txt_field: unknown key"),
+        ({"pack": {"seq_length": 5}}, "pack.seq_length: unknown key"),
+        ({"bogus": 1}, "bogus: unknown key"),
+        ({"pack": {"seq_len": 0}}, "pack.seq_len"),
+        ({"split": {"val_fraction": 1.5}}, "split.val_fraction"),
+    ],
+)
 def test_bad_keys_are_named(patch, named):
     data = {"source": {"path": "x"}, "tokenizer": {"path": "t"}}
     for k, v in patch.items():
@@ -58,12 +69,15 @@ def test_bad_keys_are_named(patch, named):
         parse_config(data, origin="my.yaml")
 
 
-@pytest.mark.parametrize("source, message", [
-    ({}, "exactly one of source.path"),
-    ({"path": "a", "hub": "b"}, "exactly one of source.path"),
-    ({"path": "a", "text_field": "t", "text_template": "{t}"}, "not both"),
-    ({"path": "a", "text_template": "{} and {}"}, "named fields"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ({}, "exactly one of source.path"),
+        ({"path": "a", "hub": "b"}, "exactly one of source.path"),
+        ({"path": "a", "text_field": "t", "text_template": "{t}"}, "not both"),
+        ({"path": "a", "text_template": "{} and {}"}, "named fields"),
+    ],
+)
 def test_cross_field_rules(source, message):
     with pytest.raises(ConfigError, match=message):
         parse_config({"source": source, "tokenizer": {"path": "t"}})
@@ -96,7 +110,10 @@ def test_shipped_example_configs_validate():
 
 
 def test_env_settings_are_read_and_checked():
-    assert read_env({"DATASET_NUM_PROC": "8", "DATASET_BATCH_SIZE": "500", "OTHER": "x"}) == {"num_proc": 8, "batch_size": 500}
+    assert read_env({"DATASET_NUM_PROC": "8", "DATASET_BATCH_SIZE": "500", "OTHER": "x"}) == {
+        "num_proc": 8,
+        "batch_size": 500,
+    }
     with pytest.raises(ConfigError, match="DATASET_WRITER_BATCH_SIZE"):
         read_env({"DATASET_WRITER_BATCH_SIZE": "lots"})
     with pytest.raises(ConfigError, match="DATASET_NUM_PROC"):

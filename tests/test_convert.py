@@ -123,8 +123,9 @@ def test_filter_counts_each_reason(tmp_path):
     convert(src(f), conv, source_fp=source_fingerprint(src(f)), writer_batch_size=2, max_shard_size="1MB")
     out = tmp_path / "filt"
     out.mkdir()
-    cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"},
-                        "filter": {"min_chars": 3, "max_chars": 6}}).filter
+    cfg = parse_config(
+        {"source": {"path": "x"}, "tokenizer": {"path": "t"}, "filter": {"min_chars": 3, "max_chars": 6}}
+    ).filter
     report = filter_text(cfg, conv, out, batch_size=4, max_shard_size="1MB")
     assert report["dropped"] == {"empty": 2, "too_short": 1, "too_long": 1}
     assert open_text(out)["text"] == ["abcd", "abcde"]
@@ -142,16 +143,21 @@ def test_everything_filtered_out_is_an_error(tmp_path):
         filter_text(cfg, conv, out, batch_size=4, max_shard_size="1MB")
 
 
-@pytest.mark.parametrize("value, kind", [
-    (["a", "b"], r"a list, not text: \['a', 'b'\]"),
-    ({"k": 1}, r"a dict, not text: \{'k': 1\}"),
-    (3, "an int, not text: 3"),
-    (1.5, "a float, not text: 1.5"),
-    (True, "a bool, not text: True"),
-])
+@pytest.mark.parametrize(
+    "value, kind",
+    [
+        (["a", "b"], r"a list, not text: \['a', 'b'\]"),
+        ({"k": 1}, r"a dict, not text: \{'k': 1\}"),
+        (3, "an int, not text: 3"),
+        (1.5, "a float, not text: 1.5"),
+        (True, "a bool, not text: True"),
+    ],
+)
 def test_text_field_that_is_not_text_is_a_bad_row(tmp_path, value, kind):
     f = write_jsonl(tmp_path / "n.jsonl", [{"text": "ok"}, {"text": value}, {"text": None}, {"text": "fine"}])
-    with pytest.raises(DataError, match=rf"n\.jsonl:2: source\.text_field 'text' holds {kind} \(set source\.on_bad_rows"):
+    with pytest.raises(
+        DataError, match=rf"n\.jsonl:2: source\.text_field 'text' holds {kind} \(set source\.on_bad_rows"
+    ):
         run(src(f), tmp_path)
     report, texts = run(src(f, on_bad_rows="skip"), tmp_path)
     assert texts == ["ok", "", "fine"]  # null stays an empty text, for the filter to drop as empty
@@ -161,26 +167,40 @@ def test_text_field_that_is_not_text_is_a_bad_row(tmp_path, value, kind):
 def test_parquet_list_and_binary_columns_are_not_text(tmp_path):
     lists = tmp_path / "lists.parquet"
     pq.write_table(pa.table({"text": pa.array([["a", "b"], None, ["c"]], pa.list_(pa.string()))}), lists)
-    with pytest.raises(DataError, match=r"lists\.parquet:row 0: source\.text_field 'text' holds a list, not text: \['a', 'b'\]"):
+    with pytest.raises(
+        DataError, match=r"lists\.parquet:row 0: source\.text_field 'text' holds a list, not text: \['a', 'b'\]"
+    ):
         run(src(lists), tmp_path)
     report, texts = run(src(lists, on_bad_rows="skip"), tmp_path)
     assert texts == [""] and report["dropped"] == {"not_text": 2}
 
     blobs = tmp_path / "blobs.parquet"
     pq.write_table(pa.table({"text": pa.array([b"caf\xc3\xa9", None, b"x"], pa.binary())}), blobs)
-    with pytest.raises(DataError, match=r"blobs\.parquet:row 0: source\.text_field 'text' holds bytes, not text: b'caf\\xc3"):
+    with pytest.raises(
+        DataError, match=r"blobs\.parquet:row 0: source\.text_field 'text' holds bytes, not text: b'caf\\xc3"
+    ):
         run(src(blobs), tmp_path)
     report, texts = run(src(blobs, on_bad_rows="skip"), tmp_path)
     assert texts == [""] and report["dropped"] == {"not_text": 2}
 
 
 def test_template_formats_text_and_numbers_only(tmp_path):
-    f = write_jsonl(tmp_path / "t.jsonl", [
-        {"q": "Q", "score": 3}, {"q": "Q", "score": 0.5}, {"q": None, "score": 1},
-        {"q": ["a"], "score": 1}, {"q": "Q", "score": True}, {"q": {"x": 1}, "score": 2}, {"q": "Q", "score": None},
-    ])
+    f = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"q": "Q", "score": 3},
+            {"q": "Q", "score": 0.5},
+            {"q": None, "score": 1},
+            {"q": ["a"], "score": 1},
+            {"q": "Q", "score": True},
+            {"q": {"x": 1}, "score": 2},
+            {"q": "Q", "score": None},
+        ],
+    )
     template = "{q} / Score: {score}"
-    with pytest.raises(DataError, match=r"t\.jsonl:4: source\.text_template field 'q' holds a list, not text or a number: \['a'\]"):
+    with pytest.raises(
+        DataError, match=r"t\.jsonl:4: source\.text_template field 'q' holds a list, not text or a number: \['a'\]"
+    ):
         run(src(f, text_template=template), tmp_path)
     report, texts = run(src(f, text_template=template, on_bad_rows="skip"), tmp_path)
     assert texts == ["Q / Score: 3", "Q / Score: 0.5", " / Score: 1", "Q / Score: "]
@@ -192,11 +212,14 @@ def test_template_formats_text_and_numbers_only(tmp_path):
 
 
 def test_template_may_index_into_lists_and_dicts(tmp_path):
-    f = write_jsonl(tmp_path / "c.jsonl", [
-        {"turns": ["hi", "yo"], "meta": {"title": "T"}},
-        {"turns": [["x"]], "meta": {"title": "T"}},
-        {"turns": ["a"], "meta": {"title": None}},
-    ])
+    f = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"turns": ["hi", "yo"], "meta": {"title": "T"}},
+            {"turns": [["x"]], "meta": {"title": "T"}},
+            {"turns": ["a"], "meta": {"title": None}},
+        ],
+    )
     template = "{turns[0]} -> {meta[title]}"
     with pytest.raises(DataError, match=r"c\.jsonl:2: source\.text_template field 'turns\[0\]' holds a list"):
         run(src(f, text_template=template), tmp_path)
@@ -207,7 +230,9 @@ def test_template_may_index_into_lists_and_dicts(tmp_path):
 def test_template_bytes_from_parquet_are_not_text(tmp_path):
     p = tmp_path / "b.parquet"
     pq.write_table(pa.table({"q": ["Q", "R"], "body": pa.array([b"x", None], pa.binary())}), p)
-    with pytest.raises(DataError, match=r"b\.parquet:row 0: source\.text_template field 'body' holds bytes, not text or a number: b'x'"):
+    with pytest.raises(
+        DataError, match=r"b\.parquet:row 0: source\.text_template field 'body' holds bytes, not text or a number: b'x'"
+    ):
         run(src(p, text_template="{q}: {body}"), tmp_path)
     report, texts = run(src(p, text_template="{q}: {body}", on_bad_rows="skip"), tmp_path)
     assert texts == ["R: "] and report["dropped"] == {"not_text": 1}
@@ -261,7 +286,9 @@ def test_file_changed_after_the_fingerprint_is_refused(tmp_path, kind):
     taken = source_fingerprint(source)
     write_each_format(tmp_path / "d", ["one", "two", "three"])
     out = tmp_path / "out"
-    with pytest.raises(DataError, match=rf"^source file {path} {CHANGED} — rerun when the file is no longer being written$"):
+    with pytest.raises(
+        DataError, match=rf"^source file {path} {CHANGED} — rerun when the file is no longer being written$"
+    ):
         run(source, tmp_path, source_fp=taken)
     assert not (out / "state.json").exists() and not (out / "dataset_info.json").exists()
     report, texts = run(source, tmp_path)  # a fresh fingerprint describes the new bytes
@@ -299,7 +326,9 @@ def append_rows(path, rows):
 
 
 def test_rows_appended_while_reading_are_refused(tmp_path):
-    f = write_jsonl(tmp_path / "data.jsonl", [{"text": "a"}, {"body": "no text"}] + [{"text": f"r{i}"} for i in range(50)])
+    f = write_jsonl(
+        tmp_path / "data.jsonl", [{"text": "a"}, {"body": "no text"}] + [{"text": f"r{i}"} for i in range(50)]
+    )
     source = src(f, on_bad_rows="skip")
     taken = source_fingerprint(source)
     with on_first_skip(lambda: append_rows(f, [{"text": "late"}] * 10)):
@@ -328,8 +357,11 @@ def test_a_file_added_after_the_fingerprint_is_named(tmp_path):
     source = src(d / "*.jsonl")
     taken = source_fingerprint(source)
     write_jsonl(d / "b.jsonl", [{"text": "two"}])
-    with pytest.raises(DataError, match=rf"matched 1 file\(s\) at the start and 2 when convert read them "
-                                        rf"\(new: \['{d / 'b.jsonl'}'\]; gone: none\); nothing was published"):
+    with pytest.raises(
+        DataError,
+        match=rf"matched 1 file\(s\) at the start and 2 when convert read them "
+        rf"\(new: \['{d / 'b.jsonl'}'\]; gone: none\); nothing was published",
+    ):
         run(source, tmp_path, source_fp=taken)
 
 
@@ -358,7 +390,9 @@ def test_a_fingerprint_from_another_process_still_guards(tmp_path):
 def test_pipeline_publishes_nothing_when_the_source_changes_during_convert(tmp_path):
     # The issue: rows appended during a cold run, the file restored, a rerun said "reused" and
     # served documents the file does not have.
-    f = write_jsonl(tmp_path / "data.jsonl", [{"text": "doc 0"}, {"body": "no text"}] + [{"text": f"doc {i}"} for i in range(1, 40)])
+    f = write_jsonl(
+        tmp_path / "data.jsonl", [{"text": "doc 0"}, {"body": "no text"}] + [{"text": f"doc {i}"} for i in range(1, 40)]
+    )
     original = f.read_bytes()
     cfg = parse_config(config_dict(tmp_path, f, {"path": "unused"}, source={"on_bad_rows": "skip"}))
     taken = pipeline.ROOTS["source"](cfg)

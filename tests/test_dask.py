@@ -21,8 +21,11 @@ def test_dask_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenize
         if where == "scheduler-address":  # an existing cluster, reached by its address
             from distributed import LocalCluster
 
-            cluster = stack.enter_context(LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                                       host="127.0.0.1", dashboard_address=None))
+            cluster = stack.enter_context(
+                LocalCluster(
+                    n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+                )
+            )
             runner = {"kind": "dask", "address": cluster.scheduler_address, "num_shards": 4}
         cfg = parse_config({**base, "cache_dir": str(tmp_path / "dask"), "runner": runner})
         state = pretrain(cfg, return_state=True)

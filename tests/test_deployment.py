@@ -34,10 +34,12 @@ def test_shipped_deployment_parameters_are_the_tiny_preset():
     assert dep["name"] == "default" and dep["entrypoint"] == "flows/pretrain.py:pretrain"
     assert dep["work_pool"]["name"] == "moai"
     shipped = parse_config(dep["parameters"]["config"])
-    expected = tiny().model_copy(update={
-        "source": tiny().source.model_copy(update={"path": "moai/assets/tiny.jsonl"}),
-        "train": tiny().train.model_copy(update={"output_dir": ".moai/runs/tiny"}),
-    })
+    expected = tiny().model_copy(
+        update={
+            "source": tiny().source.model_copy(update={"path": "moai/assets/tiny.jsonl"}),
+            "train": tiny().train.model_copy(update={"output_dir": ".moai/runs/tiny"}),
+        }
+    )
     assert shipped == expected
     assert (ROOT / shipped.source.path).resolve() == (ASSETS / "tiny.jsonl").resolve()
     text = (ROOT / "deployments" / "prefect.yaml").read_text().lower()
@@ -57,13 +59,23 @@ def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout=30) -> None:
 @pytest.fixture
 def server(tmp_path):
     port = free_port()
-    env = {**subprocess_env(), "PREFECT_HOME": str(tmp_path / "prefect-home"),
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "DO_NOT_TRACK": "1", "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-storage"),
-           "PREFECT_SERVER_API_HOST": "127.0.0.1"}
+    env = {
+        **subprocess_env(),
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-storage"),
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+    }
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     api = env["PREFECT_API_URL"]
     try:
         deadline = time.monotonic() + 120
@@ -117,8 +129,14 @@ def test_deployment_run_on_a_real_server(server, tmp_path):
     prefect(env, "work-pool", "create", "moai", "--type", "process")
     prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
     worker_log = open(tmp_path / "worker.log", "w")
-    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "moai", "--limit", "1"], env=env, cwd=tmp_path,
-                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
+    worker = subprocess.Popen(
+        [PREFECT, "worker", "start", "--pool", "moai", "--limit", "1"],
+        env=env,
+        cwd=tmp_path,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         config = tiny(cache_dir=str(tmp_path / "cache")).model_dump(mode="json", by_alias=True)
         config["train"].update({"max_steps": 10, "log_every": 2, "save_every": 10})
@@ -129,8 +147,14 @@ def test_deployment_run_on_a_real_server(server, tmp_path):
         artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [first]}}})
         keys = {a["key"] for a in artifacts if a.get("key")}
         types = {a["type"] for a in artifacts}
-        assert {"hardware-plan", "packing", "train-progress", "tokenize-progress", "train-summary",
-                "train-loss-curve"} <= keys, keys
+        assert {
+            "hardware-plan",
+            "packing",
+            "train-progress",
+            "tokenize-progress",
+            "train-summary",
+            "train-loss-curve",
+        } <= keys, keys
         assert {f"stage-{s}" for s in DATA_STAGES} <= keys and {f"stage-{s}-output" for s in DATA_STAGES} <= keys
         assert {"table", "markdown", "progress"} <= types  # link artifacts are stored as markdown
         progress = {a["key"]: a["data"] for a in artifacts if a["type"] == "progress"}

@@ -36,6 +36,8 @@ def test_compose_file_parses_and_is_local_only():
     assert services["server"]["environment"]["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
     assert services["worker"]["environment"]["PREFECT_API_URL"] == "http://server:4200/api"
     assert "moai-cache:/app/.moai" in services["worker"]["volumes"]
-    assert (ROOT / services["worker"]["build"]["context"].replace("..", ".") / services["worker"]["build"]["dockerfile"]).is_file()
+    assert (
+        ROOT / services["worker"]["build"]["context"].replace("..", ".") / services["worker"]["build"]["dockerfile"]
+    ).is_file()
     text = (ROOT / "docker" / "compose.yaml").read_text().lower()
     assert not re.search(r"(password|secret|api_key)", text)

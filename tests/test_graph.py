@@ -22,8 +22,9 @@ def _count_build(ctx, out):
 
 
 # A made-up stage, declared the way every stage module declares itself.
-DOCUMENT_COUNT = SimpleNamespace(NAME="document-count", VERSION=1, READS=("tokenize",),
-                                 settings=lambda config: {}, build=_count_build)
+DOCUMENT_COUNT = SimpleNamespace(
+    NAME="document-count", VERSION=1, READS=("tokenize",), settings=lambda config: {}, build=_count_build
+)
 
 
 @pytest.fixture
@@ -62,8 +63,9 @@ def test_a_stage_added_through_the_registry_runs_and_caches(extra_stage, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_stage_added_through_the_registry_shows_in_the_flow(extra_stage, prefect_server, pretrain, tmp_path, corpus,
-                                                               tokenizer_dir):
+def test_a_stage_added_through_the_registry_shows_in_the_flow(
+    extra_stage, prefect_server, pretrain, tmp_path, corpus, tokenizer_dir
+):
     from test_flow import DATA_STAGES, task_states
 
     cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))

@@ -14,16 +14,19 @@ def hw(cores=2, mem=16.0, gpus=()):
     return Hardware(cores=cores, mem_available_gb=mem, disk_type="ssd", disk_free_gb=100.0, gpus=gpus)
 
 
-@pytest.mark.parametrize("cores, mem, procs, threads", [
-    (1, 8.0, 1, 1),
-    (2, 16.0, 1, 2),
-    (4, 16.0, 1, 4),
-    (16, 128.0, 4, 4),
-    (64, 512.0, 16, 4),
-    (16, 1.0, 1, 16),     # memory budget 0.5 GB caps the workers
-    (16, 0.8, 1, 16),
-    (32, 2.0, 2, 16),
-])
+@pytest.mark.parametrize(
+    "cores, mem, procs, threads",
+    [
+        (1, 8.0, 1, 1),
+        (2, 16.0, 1, 2),
+        (4, 16.0, 1, 4),
+        (16, 128.0, 4, 4),
+        (64, 512.0, 16, 4),
+        (16, 1.0, 1, 16),  # memory budget 0.5 GB caps the workers
+        (16, 0.8, 1, 16),
+        (32, 2.0, 2, 16),
+    ],
+)
 def test_processes_and_threads(cores, mem, procs, threads):
     p = plan(hw(cores, mem), cfg())
     assert (p.num_proc.value, p.threads_per_proc.value) == (procs, threads)
@@ -50,8 +53,14 @@ def test_memory_mode_and_loader_workers():
 
 def test_rows_cover_every_decision():
     rows = plan(hw(), cfg()).rows()
-    assert [r["setting"] for r in rows] == ["num_proc", "threads_per_proc", "batch_size", "writer_batch_size",
-                                           "memory_mode", "loader_workers"]
+    assert [r["setting"] for r in rows] == [
+        "num_proc",
+        "threads_per_proc",
+        "batch_size",
+        "writer_batch_size",
+        "memory_mode",
+        "loader_workers",
+    ]
     assert all(r["reason"] for r in rows)
 
 

@@ -53,13 +53,15 @@ def test_module_imports_form_no_circle():
     modules = {_module_name(p): p for p in (ROOT / "moai").rglob("*.py")}
     graph = {m: {i for i in _top_level_moai_imports(p) if i in modules and i != m} for m, p in modules.items()}
     # a package's __init__ importing its own submodules is how packages re-export; not a circle
-    graph = {m: {i for i in deps if not (i.startswith(m + ".") and modules[m].name == "__init__.py")}
-             for m, deps in graph.items()}
+    graph = {
+        m: {i for i in deps if not (i.startswith(m + ".") and modules[m].name == "__init__.py")}
+        for m, deps in graph.items()
+    }
     seen: dict[str, int] = {}
 
     def visit(m, path):
         if seen.get(m) == 1:
-            raise AssertionError("import circle: " + " -> ".join(path[path.index(m):] + [m]))
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(m) :] + [m]))
         if seen.get(m) == 2:
             return
         seen[m] = 1

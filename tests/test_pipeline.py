@@ -32,13 +32,16 @@ def test_prepare_end_to_end_then_warm(tmp_path, corpus):
     assert len(samples) == store.split("train").num_tokens // 64
     first = samples[0]
     assert first["input_ids"].shape == (64,) and first["position_ids"][0] == 0
-    manifest = json.loads((tmp_path / "cache" / "tokenize" / cold["stages"]["tokenize"]["key"] / "_manifest.json").read_text())
+    manifest = json.loads(
+        (tmp_path / "cache" / "tokenize" / cold["stages"]["tokenize"]["key"] / "_manifest.json").read_text()
+    )
     assert manifest["report"]["tokens"] == cold["num_tokens"] and manifest["upstream"]
 
     warm = prepare(cfg, progress=False)
     assert built(warm) == set()
-    assert {k: warm[k] for k in ("token_store", "sample_index", "num_tokens")} == \
-           {k: cold[k] for k in ("token_store", "sample_index", "num_tokens")}
+    assert {k: warm[k] for k in ("token_store", "sample_index", "num_tokens")} == {
+        k: cold[k] for k in ("token_store", "sample_index", "num_tokens")
+    }
 
 
 def test_one_setting_rebuilds_only_downstream(tmp_path, corpus, tokenizer_dir):

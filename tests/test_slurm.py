@@ -16,8 +16,17 @@ from conftest import PYTHON, ROOT, config_dict, subprocess_env
 SLURM = ROOT / "deployments" / "slurm"
 MOAI = str(Path(PYTHON).parent / "moai")
 # sbatch options these templates use, as documented by Slurm's sbatch(1).
-KNOWN = {"--job-name", "--array", "--cpus-per-task", "--mem", "--time", "--output", "--nodes",
-         "--ntasks-per-node", "--gpus-per-node"}
+KNOWN = {
+    "--job-name",
+    "--array",
+    "--cpus-per-task",
+    "--mem",
+    "--time",
+    "--output",
+    "--nodes",
+    "--ntasks-per-node",
+    "--gpus-per-node",
+}
 
 
 def fake_bin(tmp_path: Path) -> Path:
@@ -36,8 +45,13 @@ def fake_bin(tmp_path: Path) -> Path:
 
 
 def env_with(tmp_path, **extra):
-    return {**subprocess_env(), "PATH": f"{fake_bin(tmp_path)}:{os.environ['PATH']}",
-            "FAKE_LOG": str(tmp_path / "calls.log"), "MOAI": MOAI, **extra}
+    return {
+        **subprocess_env(),
+        "PATH": f"{fake_bin(tmp_path)}:{os.environ['PATH']}",
+        "FAKE_LOG": str(tmp_path / "calls.log"),
+        "MOAI": MOAI,
+        **extra,
+    }
 
 
 def test_directives_are_documented_options():
@@ -50,16 +64,22 @@ def test_tokenize_array_then_merge(tmp_path, corpus, tokenizer_dir):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)})))
     env = env_with(tmp_path)
-    sub = subprocess.run(["bash", str(SLURM / "tokenize.sbatch"), str(cfg), "3"], env=env, capture_output=True,
-                         text=True, cwd=tmp_path)
+    sub = subprocess.run(
+        ["bash", str(SLURM / "tokenize.sbatch"), str(cfg), "3"], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
     assert sub.returncode == 0, sub.stderr
     array, merge = (tmp_path / "calls.log").read_text().splitlines()
     assert "--array=0-2" in array and array.endswith(f"{SLURM / 'tokenize.sbatch'} {cfg}")
     assert "--dependency=afterok:101" in merge and f"{MOAI} merge {cfg} --num-shards 3" in merge
 
     for index in random.Random(1).sample(range(3), 3):  # the array tasks, in any order
-        task = subprocess.run(["bash", str(SLURM / "tokenize.sbatch"), str(cfg)], capture_output=True, text=True,
-                              cwd=tmp_path, env={**env, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_ARRAY_TASK_COUNT": "3"})
+        task = subprocess.run(
+            ["bash", str(SLURM / "tokenize.sbatch"), str(cfg)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**env, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_ARRAY_TASK_COUNT": "3"},
+        )
         assert task.returncode == 0, task.stderr[-2000:]
         assert json.loads(task.stdout.strip().splitlines()[-1])["shard"] == index
     wrapped = re.search(r"--wrap (.*)$", merge).group(1)
@@ -72,18 +92,37 @@ def test_train_template_passes_each_node_its_rank(tmp_path):
     fake_moai = tmp_path / "moai"
     fake_moai.write_text('#!/usr/bin/env bash\necho "moai $*"\n')
     fake_moai.chmod(0o755)
-    env = env_with(tmp_path, MOAI=str(fake_moai), SLURM_JOB_NODELIST="node-[a-b]", SLURM_NNODES="2",
-                   SLURM_NODEID="1")
+    env = env_with(tmp_path, MOAI=str(fake_moai), SLURM_JOB_NODELIST="node-[a-b]", SLURM_NNODES="2", SLURM_NODEID="1")
     out = subprocess.run(["bash", str(SLURM / "train.sbatch"), "my.yaml"], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["moai", "train", "my.yaml", "--no-progress", "--num-machines", "2", "--machine-rank",
-                                  "1", "--main-process-ip", "node-a", "--main-process-port", "29500"]
+    assert out.stdout.split() == [
+        "moai",
+        "train",
+        "my.yaml",
+        "--no-progress",
+        "--num-machines",
+        "2",
+        "--machine-rank",
+        "1",
+        "--main-process-ip",
+        "node-a",
+        "--main-process-port",
+        "29500",
+    ]
 
 
 def test_train_cli_overrides_are_validated(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"source": {"path": "x"}, "tokenizer": {"path": "t"},
-                                   "train": {"model_config": {"model_type": "llama"}}}))
-    out = subprocess.run([PYTHON, "-m", "moai.cli", "train", str(cfg), "--num-machines", "2"], capture_output=True,
-                         text=True, env=subprocess_env(), cwd=tmp_path)
+    cfg.write_text(
+        yaml.safe_dump(
+            {"source": {"path": "x"}, "tokenizer": {"path": "t"}, "train": {"model_config": {"model_type": "llama"}}}
+        )
+    )
+    out = subprocess.run(
+        [PYTHON, "-m", "moai.cli", "train", str(cfg), "--num-machines", "2"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+    )
     assert out.returncode == 2 and "needs train.main_process_ip" in out.stderr

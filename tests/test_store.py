@@ -115,10 +115,13 @@ def test_manifest_lists_every_file_with_size_and_digest(tmp_path):
     }
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda p: p.write_bytes(p.read_bytes()[:1200]), "sub/part.bin has 1200 bytes, its manifest says 4096"),
-    (lambda p: p.unlink(), "sub/part.bin is missing"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:1200]), "sub/part.bin has 1200 bytes, its manifest says 4096"),
+        (lambda p: p.unlink(), "sub/part.bin is missing"),
+    ],
+)
 def test_reuse_of_a_damaged_entry_names_the_folder_and_the_fix(tmp_path, damage, message):
     store = Store(tmp_path)
     pub = _publish(store)
@@ -126,8 +129,10 @@ def test_reuse_of_a_damaged_entry_names_the_folder_and_the_fix(tmp_path, damage,
     for reuse in (lambda: store.build("stage", "k", lambda out: {}), lambda: store.read("stage", "k")):
         with pytest.raises(CacheError) as err:
             reuse()
-        assert str(err.value) == (f"cache entry {pub.path} is damaged: {message}; remove the folder "
-                                  f"(rm -rf {pub.path}) and rerun: it will be rebuilt")
+        assert str(err.value) == (
+            f"cache entry {pub.path} is damaged: {message}; remove the folder "
+            f"(rm -rf {pub.path}) and rerun: it will be rebuilt"
+        )
     shutil.rmtree(pub.path)  # the fix works: the next build builds
     assert _publish(store).built
 

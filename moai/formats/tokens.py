@@ -52,11 +52,16 @@ class TokenSplit:
         """Every part's files hold exactly what tokens.json says: `stat` only, O(parts)."""
         documents = sum(p["num_documents"] for p in self.parts)
         if int(self._part_starts[-1]) != self.num_tokens or documents != self.num_documents:
-            raise CacheError.damaged(self.root, f"tokens.json: the parts of split {self.name!r} do not add up to its "
-                                                f"num_tokens/num_documents", what="token store")
+            raise CacheError.damaged(
+                self.root,
+                f"tokens.json: the parts of split {self.name!r} do not add up to its num_tokens/num_documents",
+                what="token store",
+            )
         for part in self.parts:
-            for name, count, width, unit in ((part["bin"], part["num_tokens"], self.dtype.itemsize, "tokens"),
-                                             (part["idx"], part["num_documents"], 8, "documents")):
+            for name, count, width, unit in (
+                (part["bin"], part["num_tokens"], self.dtype.itemsize, "tokens"),
+                (part["idx"], part["num_documents"], 8, "documents"),
+            ):
                 expected = count * width
                 try:
                     size = (self.root / name).stat().st_size
@@ -66,8 +71,10 @@ class TokenSplit:
                     raise CacheError.damaged(self.root, f"{name} is missing", what="token store") from None
                 if size != expected:
                     raise CacheError.damaged(
-                        self.root, f"{name} has {size} bytes, tokens.json says {count} {unit} of {width} bytes "
-                                   f"({expected})", what="token store")
+                        self.root,
+                        f"{name} has {size} bytes, tokens.json says {count} {unit} of {width} bytes ({expected})",
+                        what="token store",
+                    )
 
     def _bin(self, i: int) -> np.ndarray:
         part = self.parts[i]
@@ -168,17 +175,27 @@ class PackedSamples:
             samples = np.load(file, mmap_mode="r")
         except (OSError, ValueError, EOFError) as err:  # truncated: "mmap length is greater than file size"
             raise CacheError.damaged(self.path, f"{file.name} cannot be opened ({err})", what="sample index") from None
-        if samples.dtype != np.int64 or samples.ndim != 2 or samples.shape[1] != 2 or \
-                (expected is not None and samples.shape[0] != expected):
-            raise CacheError.damaged(self.path, f"{file.name} holds {samples.dtype} {samples.shape}, pack.json says "
-                                                f"int64 ({expected}, 2)", what="sample index")
+        if (
+            samples.dtype != np.int64
+            or samples.ndim != 2
+            or samples.shape[1] != 2
+            or (expected is not None and samples.shape[0] != expected)
+        ):
+            raise CacheError.damaged(
+                self.path,
+                f"{file.name} holds {samples.dtype} {samples.shape}, pack.json says int64 ({expected}, 2)",
+                what="sample index",
+            )
         if len(samples):
             starts, lengths = samples[:, 0], samples[:, 1]
             end = int((starts + lengths).max())
             if int(starts.min()) < 0 or int(lengths.min()) < 1 or end > self.tokens.num_tokens:
-                raise CacheError.damaged(self.path, f"{file.name} has windows outside the {self.tokens.num_tokens} "
-                                                    f"tokens of split {split!r} of {self.store.path}",
-                                         what="sample index")
+                raise CacheError.damaged(
+                    self.path,
+                    f"{file.name} has windows outside the {self.tokens.num_tokens} "
+                    f"tokens of split {split!r} of {self.store.path}",
+                    what="sample index",
+                )
         return samples
 
     def __len__(self) -> int:

@@ -42,8 +42,9 @@ def _doc_pieces(start: int, length: int, doc_offsets: np.ndarray) -> np.ndarray:
     return np.diff(edges).astype("<i4")
 
 
-def export_webdataset(pack_dir: str | Path, out_dir: str | Path, *, split: str = "train",
-                      shard_size: str = "256MB") -> dict[str, Any]:
+def export_webdataset(
+    pack_dir: str | Path, out_dir: str | Path, *, split: str = "train", shard_size: str = "256MB"
+) -> dict[str, Any]:
     """Write the samples of one split as tar shards `shard-00000.tar`, ...; returns the manifest."""
     import webdataset as wds
 
@@ -55,20 +56,33 @@ def export_webdataset(pack_dir: str | Path, out_dir: str | Path, *, split: str =
     dtype = samples.tokens.dtype
     offsets = samples.tokens.doc_offsets
     shards: list[dict[str, Any]] = []
-    with wds.ShardWriter(str(out / "shard-%05d.tar"), maxsize=parse_size(shard_size), maxcount=10**9,
-                         verbose=0) as sink:
+    with wds.ShardWriter(
+        str(out / "shard-%05d.tar"), maxsize=parse_size(shard_size), maxcount=10**9, verbose=0
+    ) as sink:
         for i in range(len(samples)):
             start, length = (int(v) for v in samples.samples[i])
             tokens = samples.tokens.tokens(start, start + length).astype(dtype, copy=False)
-            sink.write({"__key__": f"{i:09d}", "tokens.bin": tokens.tobytes(),
-                        "docs.bin": _doc_pieces(start, length, offsets).tobytes()})
+            sink.write(
+                {
+                    "__key__": f"{i:09d}",
+                    "tokens.bin": tokens.tobytes(),
+                    "docs.bin": _doc_pieces(start, length, offsets).tobytes(),
+                }
+            )
             name = Path(sink.fname).name  # the shard this sample went to
             if not shards or shards[-1]["name"] != name:
                 shards.append({"name": name, "samples": 0, "tokens": 0})
             shards[-1]["samples"] += 1
             shards[-1]["tokens"] += length
-    manifest = {"format": "moai-webdataset/1", "split": split, "dtype": dtype.str, "seq_len": samples.seq_len,
-                "samples": len(samples), "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    manifest = {
+        "format": "moai-webdataset/1",
+        "split": split,
+        "dtype": dtype.str,
+        "seq_len": samples.seq_len,
+        "samples": len(samples),
+        "tokens": sum(s["tokens"] for s in shards),
+        "shards": shards,
+    }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -81,8 +95,9 @@ def decode_sample(sample: dict[str, Any], dtype: str) -> dict[str, Any]:
     return {"key": sample["__key__"], "input_ids": ids, "position_ids": positions.astype(np.int64)}
 
 
-def webdataset_loader(urls: str | Iterable[str], seq_len: int, *, dtype: str = "<u2", shuffle_buffer: int = 1000,
-                      seed: int = 0):
+def webdataset_loader(
+    urls: str | Iterable[str], seq_len: int, *, dtype: str = "<u2", shuffle_buffer: int = 1000, seed: int = 0
+):
     """A WebDataset over moai shards, split by node and by worker, shuffled in a bounded buffer.
 
     Use it as the dataset of a `torch.utils.data.DataLoader`; rank and world size come from
@@ -92,8 +107,14 @@ def webdataset_loader(urls: str | Iterable[str], seq_len: int, *, dtype: str = "
 
     if not isinstance(urls, str):
         urls = list(urls)
-    ds = wds.WebDataset(urls, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker,
-                        shardshuffle=False, empty_check=False, seed=seed)
+    ds = wds.WebDataset(
+        urls,
+        nodesplitter=wds.split_by_node,
+        workersplitter=wds.split_by_worker,
+        shardshuffle=False,
+        empty_check=False,
+        seed=seed,
+    )
     if shuffle_buffer > 1:
         ds = ds.shuffle(shuffle_buffer, rng=None)
 

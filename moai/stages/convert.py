@@ -62,8 +62,13 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 
 def build(ctx, out: Path) -> dict[str, Any]:
     """The stage in the graph (`moai.pipeline`): the source's rows → `out`."""
-    return convert(ctx.config.source, out, source_fp=ctx.inputs["source"],
-                   writer_batch_size=ctx.plan.writer_batch_size.value, max_shard_size=ctx.config.save.max_shard_size)
+    return convert(
+        ctx.config.source,
+        out,
+        source_fp=ctx.inputs["source"],
+        writer_batch_size=ctx.plan.writer_batch_size.value,
+        max_shard_size=ctx.config.save.max_shard_size,
+    )
 
 
 def source_files(source: SourceConfig) -> list[Path]:
@@ -277,7 +282,8 @@ def _template_text(row: dict[str, Any], template: str, rows: _Rows, where: str) 
         return _CHECKED.vformat(template, (), row)
     except _NotText as err:
         rows.bad(
-            "not_text", where,
+            "not_text",
+            where,
             f"source.text_template field {err.field!r} holds {_kind(err.value)}, not text or a number: "
             f"{_preview(err.value)}",
         )

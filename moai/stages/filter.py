@@ -26,11 +26,18 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 
 
 def build(ctx, out: Path) -> dict[str, Any]:
-    return filter_text(ctx.config.filter, ctx.path("convert"), out, batch_size=ctx.plan.writer_batch_size.value,
-                       max_shard_size=ctx.config.save.max_shard_size)
+    return filter_text(
+        ctx.config.filter,
+        ctx.path("convert"),
+        out,
+        batch_size=ctx.plan.writer_batch_size.value,
+        max_shard_size=ctx.config.save.max_shard_size,
+    )
 
 
-def filter_text(cfg: FilterConfig, in_dir: Path, out_dir: Path, *, batch_size: int, max_shard_size: str) -> dict[str, Any]:
+def filter_text(
+    cfg: FilterConfig, in_dir: Path, out_dir: Path, *, batch_size: int, max_shard_size: str
+) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -63,8 +63,10 @@ def length_histogram(lengths: np.ndarray, seq_len: int) -> list[dict[str, int]]:
     while edges[-1] < max(seq_len, 1) * 2:
         edges.append(edges[-1] * 2)
     counts, _ = np.histogram(lengths, bins=edges + [np.iinfo(np.int64).max])
-    return [{"from": lo, "to": hi - 1 if i < len(edges) - 1 else None, "documents": int(c)}
-            for i, (lo, hi, c) in enumerate(zip(edges, edges[1:] + [0], counts))]
+    return [
+        {"from": lo, "to": hi - 1 if i < len(edges) - 1 else None, "documents": int(c)}
+        for i, (lo, hi, c) in enumerate(zip(edges, edges[1:] + [0], counts))
+    ]
 
 
 def pack(cfg: PackConfig, store_dir: Path, out_dir: Path, *, store_ref: str) -> dict[str, Any]:
@@ -95,8 +97,14 @@ def pack(cfg: PackConfig, store_dir: Path, out_dir: Path, *, store_ref: str) -> 
             f"the train split has {splits.get('train', {}).get('tokens', 0)} tokens, fewer than one "
             f"pack.seq_len={cfg.seq_len} window; lower pack.seq_len or add data"
         )
-    meta = {"format": PACK_FORMAT, "seq_len": cfg.seq_len, "mode": cfg.mode, "drop_remainder": cfg.drop_remainder,
-            "token_store": store_ref, "splits": {k: v["samples"] for k, v in splits.items()}}
+    meta = {
+        "format": PACK_FORMAT,
+        "seq_len": cfg.seq_len,
+        "mode": cfg.mode,
+        "drop_remainder": cfg.drop_remainder,
+        "token_store": store_ref,
+        "splits": {k: v["samples"] for k, v in splits.items()},
+    }
     (out_dir / "pack.json").write_text(json.dumps(meta, indent=2))
     train = splits["train"]
     return {

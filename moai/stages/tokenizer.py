@@ -53,6 +53,8 @@ def info_of(config: PipelineConfig, published: Path | str, key: str) -> Tokenize
     tcfg = config.tokenizer
     loaded = load_tokenizer(str(published), tcfg.trust_remote_code and tcfg.train is None)
     return describe(loaded, tcfg.path or str(published), key, path=str(published))
+
+
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
@@ -83,7 +85,9 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise TokenizerError(f"tokenizer.path {name_or_path!r} is a file; give the folder that holds tokenizer.json")
+            raise TokenizerError(
+                f"tokenizer.path {name_or_path!r} is a file; give the folder that holds tokenizer.json"
+            )
         if not (path / "tokenizer.json").is_file():
             present = sorted(p.name for p in path.iterdir())
             raise TokenizerError(
@@ -94,7 +98,9 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     if trust_remote_code:
         log.warning("tokenizer.trust_remote_code is on: loading %s may run code from it", name_or_path)
     try:
-        tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else name_or_path, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(
+            str(path) if path.exists() else name_or_path, trust_remote_code=trust_remote_code
+        )
     except Exception as err:
         raise TokenizerError(
             f"cannot load tokenizer {name_or_path!r}: {type(err).__name__}: {err}. "
@@ -155,8 +161,14 @@ def adopt_tokenizer(name_or_path: str, out_dir: Path, *, trust_remote_code: bool
     tok = load_tokenizer(name_or_path, trust_remote_code)
     info = describe(tok, name_or_path, "")
     tok.save_pretrained(str(out_dir))
-    return {"source": name_or_path, "vocab_size": info.vocab_size, "eos_id": info.eos_id, "pad_id": info.pad_id,
-            "warnings": info.warnings, "seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "source": name_or_path,
+        "vocab_size": info.vocab_size,
+        "eos_id": info.eos_id,
+        "pad_id": info.pad_id,
+        "warnings": info.warnings,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
 
 
 def build_bpe(texts, vocab_size: int, min_frequency: int = 2, length: int | None = None):
@@ -178,7 +190,9 @@ def build_bpe(texts, vocab_size: int, min_frequency: int = 2, length: int | None
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, unk_token=None)
 
 
-def train_tokenizer(cfg: TokenizerTrainConfig, text_dir: Path, out_dir: Path, *, batch_size: int = 1000) -> dict[str, Any]:
+def train_tokenizer(
+    cfg: TokenizerTrainConfig, text_dir: Path, out_dir: Path, *, batch_size: int = 1000
+) -> dict[str, Any]:
     """Train a byte-level BPE of `vocab_size` on the train split and save it in Hugging Face format."""
     started = time.perf_counter()
     table = open_text(text_dir)["train"].data.table

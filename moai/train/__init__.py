@@ -21,17 +21,46 @@ imported where used, so `moai.launch` and the CLI stay quick to import.
 """
 
 from moai.train.checkpoint import TrainState, checkpoints, load_checkpoint, run_identity, save_checkpoint
-from moai.train.data import (DocumentDataset, PackedDataset, StepBatches, epoch_order, make_loader, open_data,
-                             sample_ids)
+from moai.train.data import DocumentDataset, PackedDataset, StepBatches, epoch_order, make_loader, open_data, sample_ids
 from moai.train.loop import guarded, train
 from moai.train.metrics import MetricsWriter, evaluate, kept_metrics, trim_metrics
-from moai.train.model import (PEAK_BF16, attention_kind, build_model, build_optimizer, cosine_with_warmup,
-                              flops_per_token, peak_flops)
+from moai.train.model import (
+    PEAK_BF16,
+    attention_kind,
+    build_model,
+    build_optimizer,
+    cosine_with_warmup,
+    flops_per_token,
+    peak_flops,
+)
 from moai.train.resolved import DataPaths, ResolvedRun
 
 __all__ = [
-    "DataPaths", "DocumentDataset", "MetricsWriter", "PEAK_BF16", "PackedDataset", "ResolvedRun", "StepBatches",
-    "TrainState", "attention_kind", "build_model", "build_optimizer", "checkpoints", "cosine_with_warmup",
-    "epoch_order", "evaluate", "flops_per_token", "guarded", "kept_metrics", "load_checkpoint", "make_loader",
-    "open_data", "peak_flops", "run_identity", "sample_ids", "save_checkpoint", "train", "trim_metrics",
+    "DataPaths",
+    "DocumentDataset",
+    "MetricsWriter",
+    "PEAK_BF16",
+    "PackedDataset",
+    "ResolvedRun",
+    "StepBatches",
+    "TrainState",
+    "attention_kind",
+    "build_model",
+    "build_optimizer",
+    "checkpoints",
+    "cosine_with_warmup",
+    "epoch_order",
+    "evaluate",
+    "flops_per_token",
+    "guarded",
+    "kept_metrics",
+    "load_checkpoint",
+    "make_loader",
+    "open_data",
+    "peak_flops",
+    "run_identity",
+    "sample_ids",
+    "save_checkpoint",
+    "train",
+    "trim_metrics",
 ]

@@ -17,12 +17,16 @@ from moai.train.resolved import ResolvedRun
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moai.train",
-                                     description="One training process (what `accelerate launch` runs).")
+    parser = argparse.ArgumentParser(
+        prog="python -m moai.train", description="One training process (what `accelerate launch` runs)."
+    )
     parser.add_argument("--config", required=True, help="RESOLVED.json written by moai.launch")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s [rank {os.environ.get('RANK', '0')}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s [rank {os.environ.get('RANK', '0')}] %(levelname)s %(name)s: %(message)s",
+    )
     guarded(lambda: train(ResolvedRun.read(args.config)))
     return 0
 

@@ -38,8 +38,15 @@ class TrainState:
 
 
 def run_identity(t: TrainConfig, world: int, seq_len: int, num_samples: int) -> dict[str, Any]:
-    return {"seed": t.seed, "micro_batch_size": t.micro_batch_size, "grad_accum_steps": t.grad_accum_steps,
-            "world_size": world, "seq_len": seq_len, "train_samples": num_samples, "max_steps": t.max_steps}
+    return {
+        "seed": t.seed,
+        "micro_batch_size": t.micro_batch_size,
+        "grad_accum_steps": t.grad_accum_steps,
+        "world_size": world,
+        "seq_len": seq_len,
+        "train_samples": num_samples,
+        "max_steps": t.max_steps,
+    }
 
 
 def checkpoints(output_dir: Path) -> list[Path]:
@@ -47,8 +54,10 @@ def checkpoints(output_dir: Path) -> list[Path]:
     root = output_dir / "checkpoints"
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.name.startswith("step-") and (p / "state.json").is_file()),
-                  key=lambda p: int(p.name.split("-")[1]))
+    return sorted(
+        (p for p in root.iterdir() if p.name.startswith("step-") and (p / "state.json").is_file()),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
 
 
 def save_checkpoint(accelerator, model, optimizer, scheduler, tokenizer, state: TrainState, t: TrainConfig) -> Path:
@@ -62,9 +71,15 @@ def save_checkpoint(accelerator, model, optimizer, scheduler, tokenizer, state: 
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-               tmp / f"rng-{accelerator.process_index}.pt")
+    torch.save(
+        {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        },
+        tmp / f"rng-{accelerator.process_index}.pt",
+    )
     if accelerator.is_main_process:
         model.save_pretrained(tmp / "model", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "model")
@@ -98,8 +113,10 @@ def load_checkpoint(path: Path, accelerator, unwrapped, optimizer, scheduler, ex
     # Tied embeddings are saved once; anything else missing is a real mismatch.
     missing = [k for k in missing if not (k == "lm_head.weight" and unwrapped.config.tie_word_embeddings)]
     if missing or unexpected:
-        raise ConfigError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
-                          "restore the train.model_config it was saved with, or give train.output_dir a new folder")
+        raise ConfigError(
+            f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
+            "restore the train.model_config it was saved with, or give train.output_dir a new folder"
+        )
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     rng_file = path / f"rng-{accelerator.process_index}.pt"
@@ -113,8 +130,9 @@ def load_checkpoint(path: Path, accelerator, unwrapped, optimizer, scheduler, ex
     return state
 
 
-def resume(output_dir: Path, accelerator, unwrapped, optimizer, scheduler,
-           identity: dict[str, Any]) -> tuple[TrainState, bool]:
+def resume(
+    output_dir: Path, accelerator, unwrapped, optimizer, scheduler, identity: dict[str, Any]
+) -> tuple[TrainState, bool]:
     """The state to start from: the newest checkpoint's, loaded into the model, optimizer,
     scheduler and RNGs (True), or a fresh one (False)."""
     found = checkpoints(output_dir)

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from moai.train.resolved import DataPaths
 
 
-def epoch_order(seed: int, epoch: int, num_samples: int, lengths: np.ndarray | None = None,
-                group: int = 0) -> np.ndarray:
+def epoch_order(
+    seed: int, epoch: int, num_samples: int, lengths: np.ndarray | None = None, group: int = 0
+) -> np.ndarray:
     """The order of samples in an epoch: a seeded permutation; with `lengths`, each window of
     `group` consecutive samples is sorted longest first, so a micro-batch holds similar lengths
     (little padding) while the epoch stays shuffled."""
@@ -40,8 +41,18 @@ def epoch_order(seed: int, epoch: int, num_samples: int, lengths: np.ndarray | N
     return order
 
 
-def sample_ids(seed: int, num_samples: int, step: int, micro: int, rank: int, world: int, micro_batch: int,
-               grad_accum: int, cache: dict | None = None, order=None) -> list[int]:
+def sample_ids(
+    seed: int,
+    num_samples: int,
+    step: int,
+    micro: int,
+    rank: int,
+    world: int,
+    micro_batch: int,
+    grad_accum: int,
+    cache: dict | None = None,
+    order=None,
+) -> list[int]:
     """Sample indices of one micro-batch: rank `rank`'s share of micro-step `micro` of optimizer step `step`.
 
     Global position p of each sample runs over (step, micro, rank, j); epoch = p // num_samples and
@@ -151,8 +162,15 @@ class StepBatches:
     # Length-grouping window, in global batches (unpacked mode).
     GROUP_BATCHES = 16
 
-    def __init__(self, t: TrainConfig, num_samples: int, rank: int, world: int, start_step: int,
-                 lengths: np.ndarray | None = None):
+    def __init__(
+        self,
+        t: TrainConfig,
+        num_samples: int,
+        rank: int,
+        world: int,
+        start_step: int,
+        lengths: np.ndarray | None = None,
+    ):
         self.t, self.n, self.rank, self.world, self.start = t, num_samples, rank, world, start_step
         group = self.GROUP_BATCHES * t.micro_batch_size * t.grad_accum_steps * world
         self.order = lambda epoch: epoch_order(t.seed, epoch, num_samples, lengths, group)
@@ -162,8 +180,18 @@ class StepBatches:
         t = self.t
         for step in range(self.start, t.max_steps):
             for micro in range(t.grad_accum_steps):
-                yield sample_ids(t.seed, self.n, step, micro, self.rank, self.world, t.micro_batch_size,
-                                 t.grad_accum_steps, self._cache, self.order)
+                yield sample_ids(
+                    t.seed,
+                    self.n,
+                    step,
+                    micro,
+                    self.rank,
+                    self.world,
+                    t.micro_batch_size,
+                    t.grad_accum_steps,
+                    self._cache,
+                    self.order,
+                )
 
     def __len__(self) -> int:
         return (self.t.max_steps - self.start) * self.t.grad_accum_steps
@@ -174,15 +202,23 @@ def make_loader(data: Dataset, t: TrainConfig, rank: int, world: int, start_step
     import torch
     from torch.utils.data import DataLoader
 
-    return DataLoader(data, batch_sampler=StepBatches(t, len(data), rank, world, start_step, data.lengths),
-                      collate_fn=data.collate, num_workers=workers, pin_memory=torch.cuda.is_available(),
-                      persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
+    return DataLoader(
+        data,
+        batch_sampler=StepBatches(t, len(data), rank, world, start_step, data.lengths),
+        collate_fn=data.collate,
+        num_workers=workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+    )
 
 
-def record_first_samples(output_dir: Path, data: Dataset, t: TrainConfig, rank: int, world: int,
-                         start_step: int) -> None:
+def record_first_samples(
+    output_dir: Path, data: Dataset, t: TrainConfig, rank: int, world: int, start_step: int
+) -> None:
     """Write `ranks/rank-<rank>.json`: the samples this rank reads first, so sharding can be checked."""
     first = next(iter(StepBatches(t, len(data), rank, world, start_step, data.lengths)), [])
     (output_dir / "ranks").mkdir(exist_ok=True)
-    (output_dir / "ranks" / f"rank-{rank}.json").write_text(json.dumps(
-        {"rank": rank, "world_size": world, "start_step": start_step, "first_samples": first}))
+    (output_dir / "ranks" / f"rank-{rank}.json").write_text(
+        json.dumps({"rank": rank, "world_size": world, "start_step": start_step, "first_samples": first})
+    )

@@ -77,8 +77,9 @@ def train(job: ResolvedRun) -> dict[str, Any]:
     raw_model = accelerator.unwrap_model(model)
 
     world, rank = accelerator.num_processes, accelerator.process_index
-    state, resumed = resume(out, accelerator, raw_model, optimizer, scheduler,
-                            run_identity(t, world, seq_len, len(train_data)))
+    state, resumed = resume(
+        out, accelerator, raw_model, optimizer, scheduler, run_identity(t, world, seq_len, len(train_data))
+    )
     metrics = MetricsWriter(accelerator, out, start_step=state.step)
     if t.compile:
         model = torch.compile(model)
@@ -88,11 +89,36 @@ def train(job: ResolvedRun) -> dict[str, Any]:
     record_first_samples(out, train_data, t, rank, world, state.step)
 
     device_name = torch.cuda.get_device_name(accelerator.device) if torch.cuda.is_available() else None
-    metrics.write({"event": "start", "step": state.step, "world_size": world, "parameters": num_params,
-                   "train_samples": len(train_data), "seq_len": seq_len, "device": device_name or "cpu",
-                   "mixed_precision": mixed, "attention": attn, "resumed": resumed})
-    run = Run(t, out, accelerator, tokenizer, val_data, model, raw_model, optimizer, scheduler, state, metrics,
-              seq_len, fpt, peak_flops(device_name))
+    metrics.write(
+        {
+            "event": "start",
+            "step": state.step,
+            "world_size": world,
+            "parameters": num_params,
+            "train_samples": len(train_data),
+            "seq_len": seq_len,
+            "device": device_name or "cpu",
+            "mixed_precision": mixed,
+            "attention": attn,
+            "resumed": resumed,
+        }
+    )
+    run = Run(
+        t,
+        out,
+        accelerator,
+        tokenizer,
+        val_data,
+        model,
+        raw_model,
+        optimizer,
+        scheduler,
+        state,
+        metrics,
+        seq_len,
+        fpt,
+        peak_flops(device_name),
+    )
     stop_at = min(t.max_steps, state.step + t.stop_after_steps) if t.stop_after_steps else t.max_steps
     last = run_steps(run, loader, stop_at)
     return finish(run, last)
@@ -106,8 +132,9 @@ def start_accelerator(t: TrainConfig, out: Path):
     mixed = t.mixed_precision or ("bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no")
     tracker = None if t.tracker == "none" else t.tracker
     if tracker == "mlflow" and importlib.util.find_spec("mlflow") is None:
-        raise ConfigError("train.tracker mlflow needs the mlflow package (pip install mlflow); "
-                          "MLFLOW_TRACKING_URI picks the server")
+        raise ConfigError(
+            "train.tracker mlflow needs the mlflow package (pip install mlflow); MLFLOW_TRACKING_URI picks the server"
+        )
     accelerator = Accelerator(mixed_precision=mixed, log_with=tracker, project_dir=str(out))
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -172,11 +199,17 @@ def log_step(run: Run, window: Throughput, loss_sum, grad_norm, lr: float) -> di
     state.tokens_consumed += tokens
     tps = tokens / elapsed
     peak = run.peak
-    line = {"step": state.step, "loss": round(loss_value, 6), "grad_norm": round(float(grad_norm), 6),
-            "lr": lr, "tokens_per_s": round(tps, 1),
-            "samples_per_s": round(tps / run.seq_len, 2),
-            "mfu": round(run.token_flops * tps / (peak * accelerator.num_processes), 4) if peak else None,
-            "tokens": state.tokens_consumed, "max_steps": t.max_steps}
+    line = {
+        "step": state.step,
+        "loss": round(loss_value, 6),
+        "grad_norm": round(float(grad_norm), 6),
+        "lr": lr,
+        "tokens_per_s": round(tps, 1),
+        "samples_per_s": round(tps / run.seq_len, 2),
+        "mfu": round(run.token_flops * tps / (peak * accelerator.num_processes), 4) if peak else None,
+        "tokens": state.tokens_consumed,
+        "max_steps": t.max_steps,
+    }
     run.metrics.write(line)
     window.restart()
     return line

@@ -85,8 +85,12 @@ class MetricsWriter:
         if accelerator.is_main_process:
             dropped = trim_metrics(output_dir / "metrics.jsonl", start_step)
             if dropped:
-                log.info("metrics.jsonl: dropped %d line(s) after step %d, logged before the previous run stopped; "
-                         "this run logs those steps again", dropped, start_step)
+                log.info(
+                    "metrics.jsonl: dropped %d line(s) after step %d, logged before the previous run stopped; "
+                    "this run logs those steps again",
+                    dropped,
+                    start_step,
+                )
             self.file = open(output_dir / "metrics.jsonl", "a")
 
     def write(self, record: dict[str, Any]) -> None:
@@ -140,8 +144,11 @@ def evaluate(model, accelerator, data: Dataset | None, t: TrainConfig) -> float 
     total, count = torch.zeros((), device=accelerator.device), torch.zeros((), device=accelerator.device)
     with torch.no_grad():
         for b in range(t.eval_batches):
-            ids = [i for i in range((b * world + rank) * t.micro_batch_size,
-                                    (b * world + rank + 1) * t.micro_batch_size) if i < len(data)]
+            ids = [
+                i
+                for i in range((b * world + rank) * t.micro_batch_size, (b * world + rank + 1) * t.micro_batch_size)
+                if i < len(data)
+            ]
             if not ids:
                 break
             batch = {k: v.to(accelerator.device) for k, v in data.collate([data[i] for i in ids]).items()}
@@ -154,8 +161,9 @@ def evaluate(model, accelerator, data: Dataset | None, t: TrainConfig) -> float 
     return float(total / count) if count > 0 else None
 
 
-def eval_line(model, accelerator, data: Dataset | None, t: TrainConfig, step: int,
-              metrics: MetricsWriter) -> dict[str, Any] | None:
+def eval_line(
+    model, accelerator, data: Dataset | None, t: TrainConfig, step: int, metrics: MetricsWriter
+) -> dict[str, Any] | None:
     """Evaluate and write the eval record (loss and perplexity); None when there is nothing to evaluate."""
     loss = evaluate(model, accelerator, data, t)
     if loss is None:

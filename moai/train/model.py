@@ -13,8 +13,15 @@ import math
 from moai.config import ConfigError, TrainConfig
 
 # Dense bf16 peak FLOP/s by GPU name (PaLM/torchtitan MFU convention).
-PEAK_BF16 = [("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L40S", 362e12),
-             ("A10G", 125e12), ("4090", 165e12)]
+PEAK_BF16 = [
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("A10G", 125e12),
+    ("4090", 165e12),
+]
 
 
 def attention_kind(t: TrainConfig, cuda: bool, packed: bool) -> str:
@@ -31,10 +38,11 @@ def build_model(t: TrainConfig, vocab_size: int, tokenizer, attn: str = "sdpa"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if t.mode == "continue":
-        model = AutoModelForCausalLM.from_pretrained(t.init_from, attn_implementation=attn,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(t.init_from, attn_implementation=attn, dtype=torch.float32)
         if model.config.vocab_size < vocab_size:
-            raise ConfigError(f"train.init_from {t.init_from}: vocab {model.config.vocab_size} < tokenizer's {vocab_size}")
+            raise ConfigError(
+                f"train.init_from {t.init_from}: vocab {model.config.vocab_size} < tokenizer's {vocab_size}"
+            )
         return model
     if isinstance(t.model, str):
         cfg = AutoConfig.from_pretrained(t.model)
@@ -59,8 +67,12 @@ def build_optimizer(model, t: TrainConfig):
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     fused = {"fused": True} if torch.cuda.is_available() else {}
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(0.9, 0.95), **fused)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=t.lr,
+        betas=(0.9, 0.95),
+        **fused,
+    )
     return optimizer, cosine_with_warmup(optimizer, t)
 
 

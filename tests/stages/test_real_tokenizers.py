@@ -39,8 +39,9 @@ def tokenize_and_compare(folder, texts, saved, out, *, engine="auto", num_proc=1
     hf = load_tokenizer(str(folder))
     info = describe(hf, str(folder), "fp")
     out.mkdir()
-    report = tk.tokenize(info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=64, engine=engine,
-                         progress=False)
+    report = tk.tokenize(
+        info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=64, engine=engine, progress=False
+    )
     split = TokenStore(out).split("train")
     assert split.num_documents == len(texts)
     want = hf(texts)["input_ids"]
@@ -54,8 +55,9 @@ def tokenize_and_compare(folder, texts, saved, out, *, engine="auto", num_proc=1
 @pytest.mark.parametrize("engine,num_proc", [("auto", 1), ("auto", 2), ("tokenizers", 1)])
 def test_every_document_equals_transformers(families, corpus, tmp_path, family, engine, num_proc):
     texts, saved = corpus
-    report, *_ = tokenize_and_compare(families[family], texts, saved, tmp_path / "out", engine=engine,
-                                      num_proc=num_proc)
+    report, *_ = tokenize_and_compare(
+        families[family], texts, saved, tmp_path / "out", engine=engine, num_proc=num_proc
+    )
     if engine == "auto":
         want = "tiktoken" if family in TIKTOKEN_FAMILIES else "tokenizers"
         assert report["engine"] == want, report["engine_reason"]
@@ -83,7 +85,7 @@ def test_split_special_tokens_makes_special_text_plain(families, tmp_path, famil
     special_ids = {hf.convert_tokens_to_ids(s) for s in specials}
     for i in range(len(specials)):
         body = split.document(i).tolist()[:-1]  # without the EOS moai appends
-        assert not special_ids & set(body[len(hf("")["input_ids"]):]), (family, texts[i], body)
+        assert not special_ids & set(body[len(hf("")["input_ids"]) :]), (family, texts[i], body)
 
 
 @pytest.mark.slow
@@ -109,11 +111,26 @@ def test_a_stretch_without_newline_or_space_is_a_counted_forced_cut():
     assert b"".join(data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])) == data
 
 
-@pytest.mark.parametrize("text,allowed", [
-    ("ab\ncd", [3]), ("ab\n\ncd", []), ("ab \ncd", []), ("ab\n cd", []), ("a b", [1]), ("a  b", []),
-    ("가\n나", [4]), ("가 나", [3]), ("a\u00a0\nb", []), ("a\n\u3000b", []),
-    ("x */\n/y", []), ("a\n(b", []), ("a (b", []), ("a\n12", [2]), ("a 12", [1]),
-])
+@pytest.mark.parametrize(
+    "text,allowed",
+    [
+        ("ab\ncd", [3]),
+        ("ab\n\ncd", []),
+        ("ab \ncd", []),
+        ("ab\n cd", []),
+        ("a b", [1]),
+        ("a  b", []),
+        ("가\n나", [4]),
+        ("가 나", [3]),
+        ("a\u00a0\nb", []),
+        ("a\n\u3000b", []),
+        ("x */\n/y", []),
+        ("a\n(b", []),
+        ("a (b", []),
+        ("a\n12", [2]),
+        ("a 12", [1]),
+    ],
+)
 def test_cuts_only_between_solid_characters(text, allowed):
     arr = np.frombuffer(text.encode(), dtype=np.uint8)
     assert [i for i in range(len(arr)) if pieces._is_cut(arr, i)] == allowed

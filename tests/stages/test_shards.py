@@ -13,8 +13,9 @@ from moai.pipeline import prepare
 
 
 def moai(*args, cwd):
-    return subprocess.run([PYTHON, "-m", "moai.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=subprocess_env(), timeout=300)
+    return subprocess.run(
+        [PYTHON, "-m", "moai.cli", *args], capture_output=True, text=True, cwd=cwd, env=subprocess_env(), timeout=300
+    )
 
 
 def test_shards_in_any_order_merge_to_the_local_store(tmp_path, tokenizer_dir):
@@ -27,20 +28,35 @@ def test_shards_in_any_order_merge_to_the_local_store(tmp_path, tokenizer_dir):
     cfg.write_text(yaml.safe_dump(data))
     n = 3
     early = moai("merge", str(cfg), "--num-shards", str(n), cwd=tmp_path)
-    assert early.returncode == 2 and "tokenize parts are not done" in early.stderr and "--shard-index [0, 1, 2]" in early.stderr
+    assert (
+        early.returncode == 2
+        and "tokenize parts are not done" in early.stderr
+        and "--shard-index [0, 1, 2]" in early.stderr
+    )
 
     order = [2, 0, 2, 1]  # shard 2 twice: the second run skips its finished parts
     random.Random(0).shuffle(order)
-    procs = [subprocess.Popen([PYTHON, "-m", "moai.cli", "tokenize-shard", str(cfg), "--shard-index", str(i),
-                               "--num-shards", str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=tmp_path, env=subprocess_env()) for i in order[:2]]  # two at the same time
+    procs = [
+        subprocess.Popen(
+            [PYTHON, "-m", "moai.cli", "tokenize-shard", str(cfg), "--shard-index", str(i), "--num-shards", str(n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=subprocess_env(),
+        )
+        for i in order[:2]
+    ]  # two at the same time
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
     for i in order[2:]:
         out = moai("tokenize-shard", str(cfg), "--shard-index", str(i), "--num-shards", str(n), cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
-    again = json.loads(moai("tokenize-shard", str(cfg), "--shard-index", "2", "--num-shards", str(n),
-                            cwd=tmp_path).stdout.strip().splitlines()[-1])
+    again = json.loads(
+        moai("tokenize-shard", str(cfg), "--shard-index", "2", "--num-shards", str(n), cwd=tmp_path)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     assert again["built"] == 0 and again["skipped"] == again["parts"] > 0
 
     merged = moai("merge", str(cfg), cwd=tmp_path)

@@ -46,7 +46,11 @@ def engine(request, tok):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(texts=st.lists(UNICODE_TEXT | st.sampled_from(["<eos>", "a<pad>b", " <bos> x", "   ", " \n\t ", ""]), min_size=1, max_size=12))
+@given(
+    texts=st.lists(
+        UNICODE_TEXT | st.sampled_from(["<eos>", "a<pad>b", " <bos> x", "   ", " \n\t ", ""]), min_size=1, max_size=12
+    )
+)
 def test_ids_equal_hf_tokenizer_plus_eos(tok, engine, texts):
     hf, info = tok
     tk.init_encoder(tk.EncoderSetup(info.backend_json, info.split_special_tokens, engine, 2, True))
@@ -72,8 +76,9 @@ def saved_text(tmp_path: Path, texts: list[str], val_fraction=0.1) -> Path:
 
 def run_tokenize(saved: Path, out: Path, info, num_proc: int, engine: str) -> dict:
     out.mkdir()
-    return tk.tokenize(info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=97, engine=engine,
-                       progress=False)
+    return tk.tokenize(
+        info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=97, engine=engine, progress=False
+    )
 
 
 @pytest.mark.parametrize("engine", ["tokenizers", "auto"])
@@ -159,7 +164,10 @@ def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
     from moai.stages.tokenize import tiktoken as tiktoken_bpe
 
     original = tiktoken_bpe.TiktokenEncoder.encode_batch
-    monkeypatch.setattr(tiktoken_bpe.TiktokenEncoder, "encode_batch",
-                        lambda self, texts, add_special_tokens=True: [ids[:-1] for ids in original(self, texts)])
+    monkeypatch.setattr(
+        tiktoken_bpe.TiktokenEncoder,
+        "encode_batch",
+        lambda self, texts, add_special_tokens=True: [ids[:-1] for ids in original(self, texts)],
+    )
     spec, reason = tk.choose_engine("auto", info, ["hello world"], 1, tk.transformers_reference(info)(["hello world"]))
     assert spec is None and "differ" in reason and "sample document 0" in reason

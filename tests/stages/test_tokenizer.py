@@ -42,6 +42,8 @@ def test_pad_missing_or_equal_to_eos_warns(tmp_path, caplog):
 def test_unreachable_hub_tokenizer_is_a_clear_error(tmp_path):
     from conftest import run_offline
 
-    out = run_offline("from moai.stages.tokenizer import load_tokenizer\nload_tokenizer('nobody/no-such-tokenizer-xyz')", tmp_path)
+    out = run_offline(
+        "from moai.stages.tokenizer import load_tokenizer\nload_tokenizer('nobody/no-such-tokenizer-xyz')", tmp_path
+    )
     assert out.returncode != 0
     assert "TokenizerError: cannot load tokenizer 'nobody/no-such-tokenizer-xyz'" in out.stderr

@@ -16,8 +16,15 @@ from conftest import PYTHON, ROOT, subprocess_env, train_bpe, write_jsonl
 from moai.config import parse_config
 from moai.launch import Launch, TrainingFailed, launch_command, run_launch
 
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
 # Every test here starts processes: `accelerate launch` with its ranks, or the CLI that runs it.
 pytestmark = pytest.mark.slow
 
@@ -41,17 +48,33 @@ def config(root: Path, corpus, tok, out: Path, **train) -> dict:
         "tokenizer": {"path": str(tok)},
         "pack": {"seq_len": 32},
         "split": {"val_fraction": 0.05},
-        "train": {"model_config": TINY, "output_dir": str(out), "max_steps": 20, "micro_batch_size": 4,
-                  "lr": 3e-3, "warmup_steps": 2, "log_every": 1, "save_every": 5, "eval_batches": 2,
-                  "tracker": "none", **train},
+        "train": {
+            "model_config": TINY,
+            "output_dir": str(out),
+            "max_steps": 20,
+            "micro_batch_size": 4,
+            "lr": 3e-3,
+            "warmup_steps": 2,
+            "log_every": 1,
+            "save_every": 5,
+            "eval_batches": 2,
+            "tracker": "none",
+            **train,
+        },
     }
 
 
 def moai_train(cfg: dict, where: Path) -> subprocess.CompletedProcess:
     f = where / f"config-{time.monotonic_ns()}.yaml"
     f.write_text(yaml.safe_dump(cfg))
-    out = subprocess.run([PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"], capture_output=True,
-                         text=True, env=subprocess_env(), cwd=where, timeout=600)
+    out = subprocess.run(
+        [PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=where,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -116,14 +139,16 @@ def test_two_cpu_ranks_see_disjoint_samples(learnable, tmp_path):
 
 
 def test_a_failing_rank_fails_the_launch_fast_with_its_message(tmp_path):
-    t = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"},
-                      "train": {"model_config": TINY, "num_processes": 2}}).train
+    t = parse_config(
+        {"source": {"path": "x"}, "tokenizer": {"path": "t"}, "train": {"model_config": TINY, "num_processes": 2}}
+    ).train
     acc = tmp_path / "accelerate.yaml"
     from moai.launch import BASE_ACCELERATE_CONFIG
 
     acc.write_text(yaml.safe_dump(BASE_ACCELERATE_CONFIG))
-    launch = launch_command(t, "unused.json", num_gpus=0, port=_port(), accelerate_config=str(acc),
-                            module="failing_rank")
+    launch = launch_command(
+        t, "unused.json", num_gpus=0, port=_port(), accelerate_config=str(acc), module="failing_rank"
+    )
     env = {**launch.env, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "assets"), str(ROOT)])}
     lines = []
     started = time.monotonic()
@@ -149,12 +174,13 @@ import os, yaml
 from moai.config import parse_config
 from moai.launch import BASE_ACCELERATE_CONFIG, Launch, launch_command, run_launch, free_port
 t = parse_config({{"source": {{"path": "x"}}, "tokenizer": {{"path": "t"}}, "train": {{"model_config": {{"model_type": "llama"}}}}}}).train
-open({str(tmp_path / 'acc.yaml')!r}, "w").write(yaml.safe_dump(BASE_ACCELERATE_CONFIG))
-l = launch_command(t, {str(pid_file)!r}, num_gpus=0, port=free_port(), accelerate_config={str(tmp_path / 'acc.yaml')!r}, module="sleeper")
-run_launch(Launch(l.argv, {{**l.env, "PYTHONPATH": {str(ROOT / 'tests' / 'assets')!r}}}, 1), on_line=print)
+open({str(tmp_path / "acc.yaml")!r}, "w").write(yaml.safe_dump(BASE_ACCELERATE_CONFIG))
+l = launch_command(t, {str(pid_file)!r}, num_gpus=0, port=free_port(), accelerate_config={str(tmp_path / "acc.yaml")!r}, module="sleeper")
+run_launch(Launch(l.argv, {{**l.env, "PYTHONPATH": {str(ROOT / "tests" / "assets")!r}}}, 1), on_line=print)
 """
-    runner = subprocess.Popen([PYTHON, "-c", code], env=subprocess_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    runner = subprocess.Popen(
+        [PYTHON, "-c", code], env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 60
     while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -179,8 +205,14 @@ def test_resuming_with_other_settings_is_refused(learnable, tmp_path):
     moai_train(config(root, corpus, tok, out, max_steps=4, save_every=2, stop_after_steps=2), tmp_path)
     f = tmp_path / "changed.yaml"
     f.write_text(yaml.safe_dump(config(root, corpus, tok, out, max_steps=4, save_every=2, micro_batch_size=2)))
-    res = subprocess.run([PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"], capture_output=True, text=True,
-                         env=subprocess_env(), cwd=tmp_path, timeout=300)
+    res = subprocess.run(
+        [PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode == 1
     assert "ConfigError: " in res.stderr and "holds a run with other settings" in res.stderr
     assert "micro_batch_size" in res.stderr
@@ -197,8 +229,19 @@ def test_unpacked_training_then_continued_pretraining(learnable, tmp_path):
     assert a[30] < a[5]
 
     cont = tmp_path / "continued"
-    cfg = config(root, corpus, tok, cont, mode="continue", init_from=str(first / "final"), max_steps=5, log_every=1,
-                 save_every=5, lr=1e-3, warmup_steps=0)
+    cfg = config(
+        root,
+        corpus,
+        tok,
+        cont,
+        mode="continue",
+        init_from=str(first / "final"),
+        max_steps=5,
+        log_every=1,
+        save_every=5,
+        lr=1e-3,
+        warmup_steps=0,
+    )
     cfg["train"].pop("model_config")
     cfg["pack"] = {"enabled": False, "seq_len": 32}
     moai_train(cfg, tmp_path)

@@ -23,8 +23,13 @@ def train_cfg(**train):
 
 
 @settings(deadline=None, max_examples=40)
-@given(n=st.integers(5, 200), world=st.integers(1, 8), micro=st.integers(1, 4), accum=st.integers(1, 3),
-       seed=st.integers(0, 3))
+@given(
+    n=st.integers(5, 200),
+    world=st.integers(1, 8),
+    micro=st.integers(1, 4),
+    accum=st.integers(1, 3),
+    seed=st.integers(0, 3),
+)
 def test_ranks_see_disjoint_samples_and_every_sample_once_per_epoch(n, world, micro, accum, seed):
     per_step = world * micro * accum
     steps = math.ceil(n / per_step) + 1
@@ -47,20 +52,39 @@ def test_epochs_are_reshuffled():
     assert sorted(sum(first, [])) == sorted(sum(second, [])) and first != second
 
 
-@pytest.mark.parametrize("train, gpus, expect, env", [
-    ({}, 0, {"--num_processes": "1", "--cpu": None, "--mixed_precision": "no"}, {}),
-    ({"num_processes": 2}, 0, {"--num_processes": "2", "--multi_gpu": None}, {"ACCELERATE_USE_CPU": "1"}),
-    ({}, 8, {"--num_processes": "8", "--multi_gpu": None, "--mixed_precision": "bf16"}, {}),
-    ({}, 1, {"--num_processes": "1", "--mixed_precision": "bf16"}, {}),
-    ({"mixed_precision": "no"}, 1, {"--mixed_precision": "no"}, {}),
-    ({"num_machines": 2, "machine_rank": 1, "main_process_ip": "10.0.0.1", "main_process_port": 29500}, 8,
-     {"--num_processes": "16", "--num_machines": "2", "--machine_rank": "1", "--main_process_ip": "10.0.0.1",
-      "--main_process_port": "29500", "--multi_gpu": None}, {}),
-    ({"accelerate_config": "fsdp.yaml"}, 4, {"--config_file": "fsdp.yaml", "--multi_gpu": None}, {}),
-])
+@pytest.mark.parametrize(
+    "train, gpus, expect, env",
+    [
+        ({}, 0, {"--num_processes": "1", "--cpu": None, "--mixed_precision": "no"}, {}),
+        ({"num_processes": 2}, 0, {"--num_processes": "2", "--multi_gpu": None}, {"ACCELERATE_USE_CPU": "1"}),
+        ({}, 8, {"--num_processes": "8", "--multi_gpu": None, "--mixed_precision": "bf16"}, {}),
+        ({}, 1, {"--num_processes": "1", "--mixed_precision": "bf16"}, {}),
+        ({"mixed_precision": "no"}, 1, {"--mixed_precision": "no"}, {}),
+        (
+            {"num_machines": 2, "machine_rank": 1, "main_process_ip": "10.0.0.1", "main_process_port": 29500},
+            8,
+            {
+                "--num_processes": "16",
+                "--num_machines": "2",
+                "--machine_rank": "1",
+                "--main_process_ip": "10.0.0.1",
+                "--main_process_port": "29500",
+                "--multi_gpu": None,
+            },
+            {},
+        ),
+        ({"accelerate_config": "fsdp.yaml"}, 4, {"--config_file": "fsdp.yaml", "--multi_gpu": None}, {}),
+    ],
+)
 def test_launch_command(train, gpus, expect, env):
-    launch = launch_command(train_cfg(**train), "/r/resolved.json", num_gpus=gpus, port=12345,
-                            accelerate_config="/r/accelerate.yaml", python="py")
+    launch = launch_command(
+        train_cfg(**train),
+        "/r/resolved.json",
+        num_gpus=gpus,
+        port=12345,
+        accelerate_config="/r/accelerate.yaml",
+        python="py",
+    )
     argv = launch.argv
     assert argv[:3] == ["py", "-m", "accelerate.commands.launch"]
     assert argv[-4:] == ["-m", "moai.train", "--config", "/r/resolved.json"]
@@ -97,8 +121,14 @@ def test_attention_choice():
 def test_flops_and_peak():
     from transformers import LlamaConfig
 
-    c = LlamaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=128, tie_word_embeddings=False)
+    c = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        tie_word_embeddings=False,
+    )
     n = 10_000_000
     assert flops_per_token(c, n, 256) == 6 * (n - 2 * 1000 * 64) + 12 * 2 * 4 * 16 * 256
     assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and peak_flops("NVIDIA H100 PCIe") == 756e12
@@ -111,8 +141,15 @@ def test_packed_logits_equal_per_document_logits():
     from moai.formats.tokens import position_ids
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
     lengths = [5, 9, 3, 7]
     docs = [torch.randint(0, 97, (n,)) for n in lengths]
@@ -133,9 +170,9 @@ def test_length_grouped_order_is_a_shuffled_permutation_with_similar_neighbours(
     assert sorted(order) == list(range(1000))
     assert np.array_equal(order, epoch_order(3, 0, 1000, lengths, group=100))
     assert not np.array_equal(order, epoch_order(3, 1, 1000, lengths, group=100))
-    spread_grouped = np.mean([np.ptp(lengths[order[i:i + 8]]) for i in range(0, 1000, 8)])
+    spread_grouped = np.mean([np.ptp(lengths[order[i : i + 8]]) for i in range(0, 1000, 8)])
     plain = epoch_order(3, 0, 1000)
-    spread_plain = np.mean([np.ptp(lengths[plain[i:i + 8]]) for i in range(0, 1000, 8)])
+    spread_plain = np.mean([np.ptp(lengths[plain[i : i + 8]]) for i in range(0, 1000, 8)])
     assert spread_grouped < spread_plain / 4
 
 
@@ -175,9 +212,17 @@ def test_model_types_build_and_respect_document_boundaries(model_type, tokenizer
     from moai.formats.tokens import position_ids
     from moai.train import build_model
 
-    t = train_cfg(model_config={"model_type": model_type, "hidden_size": 32, "intermediate_size": 64,
-                                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                "max_position_embeddings": 64})
+    t = train_cfg(
+        model_config={
+            "model_type": model_type,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 64,
+        }
+    )
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
     model = build_model(t, len(tok), tok).eval()
@@ -229,8 +274,9 @@ DATA = {"token_store": "/c/tokens", "sample_index": None, "tokenizer": "/c/tok"}
 
 
 def resolved_cfg(tmp_path, **train):
-    return parse_config({**BASE, "train": {"model_config": {"model_type": "llama"},
-                                          "output_dir": str(tmp_path / "run"), **train}})
+    return parse_config(
+        {**BASE, "train": {"model_config": {"model_type": "llama"}, "output_dir": str(tmp_path / "run"), **train}}
+    )
 
 
 def test_resolved_json_round_trips_and_refuses_unknown_or_missing_keys(tmp_path):
@@ -250,7 +296,11 @@ def test_resolved_json_round_trips_and_refuses_unknown_or_missing_keys(tmp_path)
     with pytest.raises(ConfigError) as err:
         ResolvedRun.read(path)
     assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)  # one line: the failure line
-    for problem in ("config.train.max_stepz: unknown key", "data.extra_path: unknown key", "loader_workers: Field required"):
+    for problem in (
+        "config.train.max_stepz: unknown key",
+        "data.extra_path: unknown key",
+        "loader_workers: Field required",
+    ):
         assert problem in str(err.value)
 
     with pytest.raises(ValueError, match="extra"):  # what launch is handed is checked when it is written too
@@ -260,7 +310,9 @@ def test_resolved_json_round_trips_and_refuses_unknown_or_missing_keys(tmp_path)
 @pytest.mark.slow
 def test_importing_moai_train_loads_no_torch():
     """moai.launch imports moai.train.resolved: the package itself stays light."""
-    code = "import sys, moai.train, moai.launch; print(sorted({'torch', 'transformers', 'accelerate'} & set(sys.modules)))"
+    code = (
+        "import sys, moai.train, moai.launch; print(sorted({'torch', 'transformers', 'accelerate'} & set(sys.modules)))"
+    )
     out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=subprocess_env(), check=True)
     assert out.stdout.strip() == "[]"
 
@@ -271,7 +323,12 @@ def test_a_bad_resolved_json_fails_the_rank_with_one_line(tmp_path):
     raw = json.loads(path.read_text())
     raw["surprise"] = True
     path.write_text(json.dumps(raw))
-    out = subprocess.run([PYTHON, "-m", "moai.train", "--config", str(path)], capture_output=True, text=True,
-                         env={**subprocess_env(), "RANK": "3"}, timeout=120)
+    out = subprocess.run(
+        [PYTHON, "-m", "moai.train", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        env={**subprocess_env(), "RANK": "3"},
+        timeout=120,
+    )
     assert out.returncode != 0 and out.stdout == ""
     assert f"[rank 3] moai.train failed: ConfigError: {path}: surprise: unknown key" in out.stderr

@@ -72,11 +72,35 @@ from moai.config import PipelineConfig
 from moai.stages.tokenizer import TokenizerInfo, info_of
 
 __all__ = [
-    "BATCH_MAX_BYTES", "MAX_PARTS", "PART_MIN_BYTES", "SPLITS", "VERIFY_BYTES", "VERIFY_DOCUMENT_BYTES",
-    "VERIFY_DOCUMENTS", "VERSION", "WARM_UP_DOCUMENTS", "EncoderSetup", "EngineChoice", "PartJob", "Reference",
-    "check_pieces", "choose_encoder", "choose_engine", "clear_encoder", "encode_documents", "encode_large",
-    "encode_part", "encode_parts", "init_encoder", "part_ranges", "plan_parts", "sample_texts", "token_dtype",
-    "tokenize", "transformers_reference", "write_store_meta",
+    "BATCH_MAX_BYTES",
+    "MAX_PARTS",
+    "PART_MIN_BYTES",
+    "SPLITS",
+    "VERIFY_BYTES",
+    "VERIFY_DOCUMENT_BYTES",
+    "VERIFY_DOCUMENTS",
+    "VERSION",
+    "WARM_UP_DOCUMENTS",
+    "EncoderSetup",
+    "EngineChoice",
+    "PartJob",
+    "Reference",
+    "check_pieces",
+    "choose_encoder",
+    "choose_engine",
+    "clear_encoder",
+    "encode_documents",
+    "encode_large",
+    "encode_part",
+    "encode_parts",
+    "init_encoder",
+    "part_ranges",
+    "plan_parts",
+    "sample_texts",
+    "token_dtype",
+    "tokenize",
+    "transformers_reference",
+    "write_store_meta",
 ]
 
 log = logging.getLogger(__name__)
@@ -110,8 +134,12 @@ def tokenize(
     """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`."""
     from tqdm.auto import tqdm
 
-    log.info("tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
-             info.name_or_path, info.vocab_size, info.eos_id)
+    log.info(
+        "tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
+        info.name_or_path,
+        info.vocab_size,
+        info.eos_id,
+    )
     choice = choose_encoder(info, text_dir, engine, threads_per_proc)
     dtype = token_dtype(info.vocab_size)
     jobs = plan_parts(info, text_dir, out_dir, batch_size)
@@ -146,8 +174,9 @@ def tokenize(
             results = encode_parts(jobs, on_batch=advance)
         else:
             ctx = get_context("spawn")
-            with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=init_encoder,
-                                     initargs=(choice.setup, threads_per_proc, warm_up)) as pool:
+            with ProcessPoolExecutor(
+                num_proc, mp_context=ctx, initializer=init_encoder, initargs=(choice.setup, threads_per_proc, warm_up)
+            ) as pool:
                 futures = {pool.submit(encode_part, job): job for job in jobs}
                 for fut in as_completed(futures):
                     r = fut.result()
@@ -198,13 +227,22 @@ def build(ctx, out: Path) -> dict[str, Any]:
     if "num_shards" in ctx.options:
         return units.merge(ctx.store, ctx.key, info, ctx.path("save"), out, ctx.options["num_shards"] or None)
     p = ctx.plan
-    return tokenize(info, ctx.path("save"), out, num_proc=p.num_proc.value, threads_per_proc=p.threads_per_proc.value,
-                    batch_size=p.batch_size.value, engine=ctx.config.tokenize.engine, progress=ctx.progress,
-                    on_progress=ctx.on_progress)
+    return tokenize(
+        info,
+        ctx.path("save"),
+        out,
+        num_proc=p.num_proc.value,
+        threads_per_proc=p.threads_per_proc.value,
+        batch_size=p.batch_size.value,
+        engine=ctx.config.tokenize.engine,
+        progress=ctx.progress,
+        on_progress=ctx.on_progress,
+    )
 
 
-def run_unit(config: PipelineConfig, key: str, inputs: dict[str, Any], *, shard_index: int,
-             num_shards: int) -> dict[str, Any]:
+def run_unit(
+    config: PipelineConfig, key: str, inputs: dict[str, Any], *, shard_index: int, num_shards: int
+) -> dict[str, Any]:
     """One `moai tokenize-shard` unit: encode and publish its parts of the stage output `key`."""
     from moai.config import read_env
     from moai.hardware import detect, plan as make_plan
@@ -213,6 +251,14 @@ def run_unit(config: PipelineConfig, key: str, inputs: dict[str, Any], *, shard_
 
     p = make_plan(detect(config.cache_dir, with_gpus=False), config, read_env())
     tok = inputs["tokenizer"]
-    return units.run_shard(Store(config.cache_dir), key, info_of(config, tok.path, tok.key), Path(inputs["save"].path),
-                           shard_index=shard_index, num_shards=num_shards, batch_size=p.batch_size.value,
-                           threads=p.threads_per_proc.value * p.num_proc.value, engine=config.tokenize.engine)
+    return units.run_shard(
+        Store(config.cache_dir),
+        key,
+        info_of(config, tok.path, tok.key),
+        Path(inputs["save"].path),
+        shard_index=shard_index,
+        num_shards=num_shards,
+        batch_size=p.batch_size.value,
+        threads=p.threads_per_proc.value * p.num_proc.value,
+        engine=config.tokenize.engine,
+    )

@@ -50,8 +50,9 @@ def _first_mismatch(encode: pieces.Encode, want: list[list[int]], sample: list[s
     return None
 
 
-def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], threads: int,
-                  want: list[list[int]]) -> tuple[TiktokenSpec | None, str]:
+def choose_engine(
+    requested: str, info: TokenizerInfo, sample: list[str], threads: int, want: list[list[int]]
+) -> tuple[TiktokenSpec | None, str]:
     """(tiktoken spec or None for tokenizers, reason). An engine is used only when its ids equal
     `want` (transformers' ids of the sample) on every sampled document; when not even `tokenizers`
     does, nothing is written."""
@@ -63,13 +64,16 @@ def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], thread
             reason = f"tiktoken cannot express this tokenizer ({err}); using tokenizers"
             log.log(logging.WARNING if requested == "tiktoken" else logging.INFO, reason)
     if spec is not None:
-        bad = _first_mismatch(pieces.make_encoder(info.backend_json, info.split_special_tokens, spec, threads),
-                              want, sample)
+        bad = _first_mismatch(
+            pieces.make_encoder(info.backend_json, info.split_special_tokens, spec, threads), want, sample
+        )
         if bad is None:
             reason = f"tiktoken matches transformers on all {len(sample)} sampled documents"
             log.info(reason)
             return spec, reason
-        reason = f"tiktoken ids differ from transformers on sample document {bad} ({sample[bad][:60]!r}); using tokenizers"
+        reason = (
+            f"tiktoken ids differ from transformers on sample document {bad} ({sample[bad][:60]!r}); using tokenizers"
+        )
         log.warning(reason)
     bad = _first_mismatch(pieces.make_encoder(info.backend_json, info.split_special_tokens), want, sample)
     if bad is not None:
@@ -80,20 +84,25 @@ def choose_engine(requested: str, info: TokenizerInfo, sample: list[str], thread
     return None, reason
 
 
-def check_pieces(spec: TiktokenSpec | None, info: TokenizerInfo, sample: list[str], threads: int,
-                 want: list[list[int]]) -> str | None:
+def check_pieces(
+    spec: TiktokenSpec | None, info: TokenizerInfo, sample: list[str], threads: int, want: list[list[int]]
+) -> str | None:
     """None when giant documents can be encoded in pieces with exact ids (checked on the sample),
     else why they will be encoded whole."""
     encode = pieces.make_encoder(info.backend_json, info.split_special_tokens, spec, threads)
     bad = pieces.check_cut_rule(encode, sample, want)
     if bad is not None:
-        log.warning("documents over %d MiB will be encoded whole (memory grows with them): %s",
-                    pieces.LARGE_DOCUMENT_BYTES >> 20, bad)
+        log.warning(
+            "documents over %d MiB will be encoded whole (memory grows with them): %s",
+            pieces.LARGE_DOCUMENT_BYTES >> 20,
+            bad,
+        )
     return bad
 
 
-def sample_texts(text_dir: Path, n: int = VERIFY_DOCUMENTS, max_bytes: int = VERIFY_BYTES,
-                 doc_bytes: int = VERIFY_DOCUMENT_BYTES) -> list[str]:
+def sample_texts(
+    text_dir: Path, n: int = VERIFY_DOCUMENTS, max_bytes: int = VERIFY_BYTES, doc_bytes: int = VERIFY_DOCUMENT_BYTES
+) -> list[str]:
     """Up to n documents (about max_bytes of text, each cut to doc_bytes) spread over the train split."""
     table = open_split_table(text_dir, "train")
     if table.num_rows == 0:

@@ -153,8 +153,16 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
                 current = job
                 stem = Path(job.out_dir) / job.split / f"part-{job.index:05d}"
                 files = (open(f"{stem}.bin", "wb"), open(f"{stem}.idx", "wb"))
-                results.append({"index": job.index, "split": job.split, "num_documents": 0, "num_tokens": 0,
-                                "bin": f"{job.split}/{stem.name}.bin", "idx": f"{job.split}/{stem.name}.idx"})
+                results.append(
+                    {
+                        "index": job.index,
+                        "split": job.split,
+                        "num_documents": 0,
+                        "num_tokens": 0,
+                        "bin": f"{job.split}/{stem.name}.bin",
+                        "idx": f"{job.split}/{stem.name}.idx",
+                    }
+                )
             r = results[-1]
             files[0].write(flat.tobytes())
             files[1].write((np.cumsum(lengths) + r["num_tokens"]).astype("<i8").tobytes())
@@ -182,9 +190,13 @@ def encode_large(data: memoryview, eos_id: int, dtype: np.dtype) -> tuple[np.nda
     else:
         ids, forced = piece_encoder.encode_document(data)
         if forced:
-            log.warning("a %d MB document has %d stretch(es) of %d MiB without a newline or space; cut there "
-                        "(ids next to such a cut may differ from transformers)", len(data) >> 20, forced,
-                        pieces.MAX_SEARCH_PIECES * pieces.PIECE_BYTES >> 20)
+            log.warning(
+                "a %d MB document has %d stretch(es) of %d MiB without a newline or space; cut there "
+                "(ids next to such a cut may differ from transformers)",
+                len(data) >> 20,
+                forced,
+                pieces.MAX_SEARCH_PIECES * pieces.PIECE_BYTES >> 20,
+            )
         state["forced_cuts"] += forced
     flat = np.empty(len(ids) + 1, dtype=dtype)
     flat[:-1] = ids

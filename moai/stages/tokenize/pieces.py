@@ -67,10 +67,10 @@ def affixes(encode: Encode) -> tuple[list[int], list[int]]:
     """The ids the post-processor puts before and after a text (BOS, EOS, ...)."""
     bare = encode(["a"], False)[0]
     full = encode(["a"], True)[0]
-    at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
+    at = next((i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare), None)
     if at is None:
         raise ValueError("the post-processor changes the text's ids")
-    return full[:at], full[at + len(bare):]
+    return full[:at], full[at + len(bare) :]
 
 
 def _ascii_graphic(b: int) -> bool:
@@ -82,13 +82,13 @@ def _char_before(arr: np.ndarray, i: int) -> str:
     j = i - 1
     while j > 0 and i - j < 4 and arr[j] & 0xC0 == 0x80:
         j -= 1
-    return arr[max(j, 0):i].tobytes().decode("utf-8", errors="replace")
+    return arr[max(j, 0) : i].tobytes().decode("utf-8", errors="replace")
 
 
 def _char_at(arr: np.ndarray, i: int) -> str:
     lead = int(arr[i])
     n = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
-    return arr[i:i + n].tobytes().decode("utf-8", errors="replace")
+    return arr[i : i + n].tobytes().decode("utf-8", errors="replace")
 
 
 def _solid(ch: str) -> bool:
@@ -125,7 +125,9 @@ def _cuts_in(arr: np.ndarray, lo: int, hi: int) -> list[int]:
     return [c for c in after_nl if lo <= c < hi and _is_cut(arr, c)], [c for c in before_sp if _is_cut(arr, c)]
 
 
-def cut_points(data, piece_bytes: int, max_search: int = MAX_SEARCH_PIECES, force: bool = True) -> tuple[list[int], int]:
+def cut_points(
+    data, piece_bytes: int, max_search: int = MAX_SEARCH_PIECES, force: bool = True
+) -> tuple[list[int], int]:
     """Byte offsets where a document (UTF-8 bytes) is cut into pieces of at most about
     `piece_bytes`, and how many of them are forced (no allowed place within `max_search` pieces;
     with `force` off the rest stays one piece)."""
@@ -181,9 +183,9 @@ class PieceEncoder:
             texts_in = [t if (first and i == 0) else CONTEXT + t for i, t in enumerate(batch)]
             for i, ids in enumerate(self.encode(texts_in, False)):
                 if not (first and i == 0):
-                    if ids[:len(self.context)] != self.context:
+                    if ids[: len(self.context)] != self.context:
                         raise ValueError("a piece's context did not encode on its own")
-                    ids = ids[len(self.context):]
+                    ids = ids[len(self.context) :]
                 out.append(np.asarray(ids, dtype=np.uint32))
             first = False
             batch.clear()
@@ -205,8 +207,9 @@ class PieceEncoder:
         return np.concatenate(self.encode_pieces(pieces(data, cuts))), forced
 
 
-def check_cut_rule(encode: Encode, texts: list[str], want: list[list[int]], piece_bytes: int = 256,
-                   budget_bytes: int = 512 << 10) -> str | None:
+def check_cut_rule(
+    encode: Encode, texts: list[str], want: list[list[int]], piece_bytes: int = 256, budget_bytes: int = 512 << 10
+) -> str | None:
     """None when encoding `texts` (about `budget_bytes` of them) in small pieces gives `want`, their
     reference ids, else what differs."""
     try:

@@ -36,7 +36,9 @@ class NotExpressible(ValueError):
 @lru_cache(maxsize=1)
 def byte_decoder() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: the printable character standing for each byte."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = keep[:]
     n = 0
     for b in range(256):
@@ -71,10 +73,16 @@ def _split_pattern(pre: dict | None) -> str:
         return GPT2_PATTERN
     if pre["type"] == "Sequence":
         steps = pre["pretokenizers"]
-        if (len(steps) == 2 and steps[0]["type"] == "Split" and steps[1]["type"] == "ByteLevel"
-                and "Regex" in steps[0]["pattern"] and steps[0].get("behavior") == "Isolated"
-                and not steps[0].get("invert") and not steps[1].get("add_prefix_space")
-                and not steps[1].get("use_regex", True)):
+        if (
+            len(steps) == 2
+            and steps[0]["type"] == "Split"
+            and steps[1]["type"] == "ByteLevel"
+            and "Regex" in steps[0]["pattern"]
+            and steps[0].get("behavior") == "Isolated"
+            and not steps[0].get("invert")
+            and not steps[1].get("add_prefix_space")
+            and not steps[1].get("use_regex", True)
+        ):
             return steps[0]["pattern"]["Regex"]
     raise NotExpressible(f"pre-tokenizer {pre['type']} is not Split(regex)+ByteLevel or ByteLevel")
 
@@ -119,8 +127,12 @@ def spec_from_tokenizer_json(backend_json: str, split_special_tokens: bool = Fal
     model = data["model"]
     if model.get("type") != "BPE":
         raise NotExpressible(f"model type {model.get('type')} is not BPE")
-    if model.get("dropout") or model.get("byte_fallback") or model.get("continuing_subword_prefix") \
-            or model.get("end_of_word_suffix"):
+    if (
+        model.get("dropout")
+        or model.get("byte_fallback")
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+    ):
         raise NotExpressible("BPE with dropout, byte fallback or sub-word affixes")
     normalization = _normalization(data.get("normalizer"))
     pattern = _split_pattern(data.get("pre_tokenizer"))
@@ -156,11 +168,18 @@ def spec_from_tokenizer_json(backend_json: str, split_special_tokens: bool = Fal
                 raise NotExpressible(f"token {token!r} is not reached by merging its own bytes")
     bare = tok.encode("a", add_special_tokens=False).ids
     full = tok.encode("a", add_special_tokens=True).ids
-    at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
+    at = next((i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare), None)
     if at is None:
         raise NotExpressible("the post-processor changes the text's ids")
-    return TiktokenSpec(pattern, ranks, specials, tuple(full[:at]), tuple(full[at + len(bare):]),
-                        normalization, frozenset(text_specials))
+    return TiktokenSpec(
+        pattern,
+        ranks,
+        specials,
+        tuple(full[:at]),
+        tuple(full[at + len(bare) :]),
+        normalization,
+        frozenset(text_specials),
+    )
 
 
 class TiktokenEncoder:
@@ -169,8 +188,9 @@ class TiktokenEncoder:
     def __init__(self, spec: TiktokenSpec, num_threads: int):
         import tiktoken
 
-        self.enc = tiktoken.Encoding("moai", pat_str=spec.pat_str, mergeable_ranks=spec.ranks,
-                                     special_tokens=spec.special_tokens)
+        self.enc = tiktoken.Encoding(
+            "moai", pat_str=spec.pat_str, mergeable_ranks=spec.ranks, special_tokens=spec.special_tokens
+        )
         self.prefix = list(spec.prefix)
         self.suffix = list(spec.suffix)
         self.normalization = spec.normalization
@@ -181,8 +201,9 @@ class TiktokenEncoder:
         for form in self.normalization:
             texts = [unicodedata.normalize(form, t) for t in texts]
         # disallowed_special=(): special-token text that is not allowed is encoded as plain text
-        out = self.enc.encode_batch(texts, num_threads=self.num_threads, allowed_special=self.allowed,
-                                    disallowed_special=())
+        out = self.enc.encode_batch(
+            texts, num_threads=self.num_threads, allowed_special=self.allowed, disallowed_special=()
+        )
         if add_special_tokens and (self.prefix or self.suffix):
             out = [self.prefix + ids + self.suffix for ids in out]
         return out

@@ -35,14 +35,27 @@ def shard_of(position: int, num_shards: int) -> int:
     return position % num_shards
 
 
-def run_shard(store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Path, *, shard_index: int,
-              num_shards: int, batch_size: int, threads: int, engine: str = "auto") -> dict[str, Any]:
+def run_shard(
+    store: Store,
+    tokenize_key: str,
+    info: TokenizerInfo,
+    text_dir: Path,
+    *,
+    shard_index: int,
+    num_shards: int,
+    batch_size: int,
+    threads: int,
+    engine: str = "auto",
+) -> dict[str, Any]:
     """Encode and publish the parts of shard `shard_index` of `num_shards`; skip those already done."""
     if not 0 <= shard_index < num_shards:
         raise ConfigError(f"--shard-index {shard_index} must be in [0, {num_shards})")
     started = time.perf_counter()
-    jobs = [j for pos, j in enumerate(plan_parts(info, text_dir, Path("."), batch_size))
-            if shard_of(pos, num_shards) == shard_index]
+    jobs = [
+        j
+        for pos, j in enumerate(plan_parts(info, text_dir, Path("."), batch_size))
+        if shard_of(pos, num_shards) == shard_index
+    ]
     todo = [j for j in jobs if not store.exists(PARTS_STAGE, part_key(tokenize_key, j.split, j.index))]
     built = 0
     reason = "no part left to encode"
@@ -52,30 +65,54 @@ def run_shard(store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Pa
         init_encoder(choice.setup)
         try:
             for job in todo:
+
                 def build(out: Path, job=job) -> dict[str, Any]:
                     (out / job.split).mkdir()
-                    r = encode_parts([PartJob(job.text_dir, job.split, job.index, job.start, job.stop, str(out),
-                                              job.dtype, job.eos_id, job.batch_size)])[0]
+                    r = encode_parts(
+                        [
+                            PartJob(
+                                job.text_dir,
+                                job.split,
+                                job.index,
+                                job.start,
+                                job.stop,
+                                str(out),
+                                job.dtype,
+                                job.eos_id,
+                                job.batch_size,
+                            )
+                        ]
+                    )[0]
                     return {**r, "engine": choice.engine}
 
                 if store.build(PARTS_STAGE, part_key(tokenize_key, job.split, job.index), build).built:
                     built += 1
         finally:
             clear_encoder()
-    return {"shard": shard_index, "num_shards": num_shards, "parts": len(jobs), "built": built,
-            "skipped": len(jobs) - built, "engine_reason": reason,
-            "seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "shard": shard_index,
+        "num_shards": num_shards,
+        "parts": len(jobs),
+        "built": built,
+        "skipped": len(jobs) - built,
+        "engine_reason": reason,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
 
 
-def merge(store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Path, out_dir: Path,
-          num_shards: int | None = None) -> dict[str, Any]:
+def merge(
+    store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Path, out_dir: Path, num_shards: int | None = None
+) -> dict[str, Any]:
     """Build the token store in `out_dir` from published parts; a clear error lists missing ones."""
     started = time.perf_counter()
     jobs = plan_parts(info, text_dir, out_dir, batch_size=1)
     for split in SPLITS:
         (out_dir / split).mkdir(parents=True, exist_ok=True)
-    missing = [(pos, j) for pos, j in enumerate(jobs)
-               if not store.exists(PARTS_STAGE, part_key(tokenize_key, j.split, j.index))]
+    missing = [
+        (pos, j)
+        for pos, j in enumerate(jobs)
+        if not store.exists(PARTS_STAGE, part_key(tokenize_key, j.split, j.index))
+    ]
     if missing:
         names = ", ".join(f"{j.split}/part-{j.index:05d}" for _, j in missing[:10])
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -91,15 +128,25 @@ def merge(store: Store, tokenize_key: str, info: TokenizerInfo, text_dir: Path, 
         rel = Path(j.split) / f"part-{j.index:05d}"
         for suffix in (".bin", ".idx"):
             _link_or_copy(part.path / f"{rel}{suffix}", out_dir / f"{rel}{suffix}")
-        results.append({k: part.manifest["report"][k] for k in ("index", "split", "num_documents", "num_tokens", "bin", "idx")})
+        results.append(
+            {k: part.manifest["report"][k] for k in ("index", "split", "num_documents", "num_tokens", "bin", "idx")}
+        )
         engines.add(part.manifest["report"]["engine"])
     splits = write_store_meta(info, out_dir, results)
     tokens = sum(s["num_tokens"] for s in splits.values())
     docs = sum(s["num_documents"] for s in splits.values())
-    return {"rows_in": docs, "rows_out": docs, "documents": docs, "tokens": tokens,
-            "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
-            "parts": len(jobs), "engine": "+".join(sorted(engines)), "merged": True,
-            "seconds": round(time.perf_counter() - started, 3), "warnings": info.warnings}
+    return {
+        "rows_in": docs,
+        "rows_out": docs,
+        "documents": docs,
+        "tokens": tokens,
+        "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
+        "parts": len(jobs),
+        "engine": "+".join(sorted(engines)),
+        "merged": True,
+        "seconds": round(time.perf_counter() - started, 3),
+        "warnings": info.warnings,
+    }
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
