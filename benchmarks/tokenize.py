@@ -91,9 +91,9 @@ def run_old_way(saved: Path, tokenizer: Path, seq_len: int, work: Path, **_) -> 
 
 
 def run_moai(saved: Path, tokenizer: Path, seq_len: int, work: Path, engine: str, **_) -> dict:
+    from moai import pipeline
     from moai.config import read_env
     from moai.hardware import detect, plan
-    from moai import pipeline
     from moai.pipeline import StageResult
     from moai.presets import tiny
 

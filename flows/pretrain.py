@@ -29,12 +29,12 @@ from prefect.cache_policies import CachePolicy
 if not __package__:  # run as a script (python flows/pretrain.py) or loaded by path (Prefect deployments)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows import artifacts  # noqa: E402
-from moai import pipeline  # noqa: E402
-from moai.config import PipelineConfig, read_env  # noqa: E402
-from moai.hardware import Plan, detect, plan as make_plan  # noqa: E402
-from moai.pipeline import Inputs, StageResult, launch_training, summary  # noqa: E402
-from moai.presets import resolve_config, tiny  # noqa: E402
+from flows import artifacts
+from moai import pipeline
+from moai.config import PipelineConfig, read_env
+from moai.hardware import Plan, detect, plan as make_plan
+from moai.pipeline import Inputs, StageResult, launch_training, summary
+from moai.presets import resolve_config, tiny
 
 
 @dataclass

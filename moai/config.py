@@ -42,7 +42,7 @@ class SourceConfig(_Model):
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
-    def _one_source_one_text(self) -> "SourceConfig":
+    def _one_source_one_text(self) -> SourceConfig:
         if (self.path is None) == (self.hub is None):
             raise ValueError("set exactly one of source.path (local files) or source.hub (a hub dataset)")
         if self.text_field is not None and self.text_template is not None:
@@ -103,7 +103,7 @@ class TokenizerConfig(_Model):
     trust_remote_code: bool = False
 
     @model_validator(mode="after")
-    def _one_way(self) -> "TokenizerConfig":
+    def _one_way(self) -> TokenizerConfig:
         if (self.path is None) == (self.train is None):
             raise ValueError("set exactly one of tokenizer.path or tokenizer.train")
         return self
@@ -172,7 +172,7 @@ class TrainConfig(_Model):
     accelerate_config: str | None = Field(None, description="An accelerate config file (FSDP, DeepSpeed, ...).")
 
     @model_validator(mode="after")
-    def _mode_needs_source(self) -> "TrainConfig":
+    def _mode_needs_source(self) -> TrainConfig:
         if self.mode == "pretrain" and self.model is None:
             raise ValueError("train.mode pretrain needs train.model_config (a config.json path or dict)")
         if self.mode == "continue" and self.init_from is None:

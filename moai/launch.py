@@ -20,9 +20,10 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from moai.config import PipelineConfig, TrainConfig
 from moai.errors import MoaiError

@@ -21,10 +21,11 @@ through the store, or reuse), a Prefect task in `flows/pretrain.py`. `moai prepa
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan

@@ -8,8 +8,8 @@ CPU in well under a minute.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from moai.config import PipelineConfig, load_config
 from moai.errors import ConfigError

@@ -29,9 +29,10 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from filelock import FileLock
 

@@ -131,15 +131,17 @@ def prefect_server(tmp_path_factory):
     from prefect.testing.utilities import prefect_test_harness
 
     storage = tmp_path_factory.mktemp("prefect-storage")
-    with temporary_settings(
-        {
-            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
-            PREFECT_SERVER_ANALYTICS_ENABLED: False,
-            PREFECT_LOCAL_STORAGE_PATH: storage,
-        }
+    with (
+        temporary_settings(
+            {
+                PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+                PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                PREFECT_LOCAL_STORAGE_PATH: storage,
+            }
+        ),
+        prefect_test_harness(server_startup_timeout=90),
     ):
-        with prefect_test_harness(server_startup_timeout=90):
-            yield
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ import yaml
 from conftest import PYTHON, config_dict, make_texts, subprocess_env, write_jsonl
 from moai.config import parse_config
 from moai.errors import CacheError
-from moai.pipeline import prepare
 from moai.formats.tokens import PackedSamples, TokenStore
+from moai.pipeline import prepare
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,7 @@ import pytest
 import yaml
 
 from moai.config import ConfigError, PipelineConfig, load_config, parse_config, read_env
-from moai.presets import resolve_config
-from moai.presets import PRESETS
+from moai.presets import PRESETS, resolve_config
 
 ISSUE_EXAMPLE = """
 cache_dir: .moai

@@ -10,12 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import config_dict, run_offline, write_jsonl
+from moai import pipeline
 from moai.config import parse_config
 from moai.errors import DataError
-from moai import pipeline
+from moai.formats.text import open_text
 from moai.stages.convert import convert, source_fingerprint
 from moai.stages.filter import filter_text
-from moai.formats.text import open_text
 
 
 def src(path, **kw):

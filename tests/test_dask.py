@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 
-from conftest import store_files as files, config_dict, make_texts, write_jsonl
+from conftest import config_dict, make_texts, store_files as files, write_jsonl
 from moai.config import parse_config
 from moai.pipeline import prepare
 

@@ -1,8 +1,8 @@
 import numpy as np
 from hypothesis import given, strategies as st
 
-from moai.stages.pack import concat_chunk, documents_split, length_histogram
 from moai.formats.tokens import position_ids
+from moai.stages.pack import concat_chunk, documents_split, length_histogram
 
 
 @given(num_tokens=st.integers(0, 5000), seq_len=st.integers(2, 700), drop=st.booleans())

@@ -8,8 +8,8 @@ import datasets
 
 from conftest import config_dict
 from moai.config import parse_config
-from moai.pipeline import prepare
 from moai.formats.tokens import PackedSamples, TokenStore
+from moai.pipeline import prepare
 
 
 def built(result):

@@ -9,8 +9,8 @@ to their input (inside a published folder) and race in shared cache dirs, which 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa

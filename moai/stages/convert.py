@@ -40,8 +40,9 @@ import string
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from moai.config import PipelineConfig, SourceConfig, template_fields
 from moai.errors import DataError
@@ -121,7 +122,7 @@ class _Digest:
         self._hash.update(chunk)
         self.size += len(chunk)
 
-    def of(self, path: Path) -> "_FileRead":
+    def of(self, path: Path) -> _FileRead:
         return _FileRead(str(path), path.name, self.size, self._hash.hexdigest())
 
 

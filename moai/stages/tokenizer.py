@@ -20,8 +20,8 @@ from typing import Any
 
 from moai.config import PipelineConfig, TokenizerConfig, TokenizerTrainConfig
 from moai.errors import TokenizerError
-from moai.store import fingerprint_dir
 from moai.formats.text import open_text, text_batches
+from moai.store import fingerprint_dir
 
 log = logging.getLogger(__name__)
 

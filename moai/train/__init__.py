@@ -36,10 +36,10 @@ from moai.train.model import (
 from moai.train.resolved import DataPaths, ResolvedRun
 
 __all__ = [
+    "PEAK_BF16",
     "DataPaths",
     "DocumentDataset",
     "MetricsWriter",
-    "PEAK_BF16",
     "PackedDataset",
     "ResolvedRun",
     "StepBatches",

@@ -36,7 +36,7 @@ class ResolvedRun(_Model):
     loader_workers: int = Field(ge=0, description="DataLoader worker processes per rank (from the hardware plan).")
 
     @model_validator(mode="after")
-    def _has_train(self) -> "ResolvedRun":
+    def _has_train(self) -> ResolvedRun:
         if self.config.train is None:
             raise ValueError("config.train is missing: nothing to train")
         return self
@@ -52,7 +52,7 @@ class ResolvedRun(_Model):
         return path
 
     @classmethod
-    def read(cls, path: str | Path) -> "ResolvedRun":
+    def read(cls, path: str | Path) -> ResolvedRun:
         """Read and validate a resolved.json; `ConfigError` names the file and every bad key."""
         path = Path(path)
         try:

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from conftest import PYTHON, ROOT, config_dict, make_texts, subprocess_env, write_jsonl
-from moai.formats.webdataset import parse_size
 from moai.formats.tokens import PackedSamples
+from moai.formats.webdataset import parse_size
 
 
 def test_two_ranks_two_workers_see_every_sample_once(tmp_path, tokenizer_dir):

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_tokenize import saved_text
 
 import real_tokenizers as rt
+from moai.formats.tokens import TokenStore
 from moai.stages import tokenize as tk
 from moai.stages.tokenize import pieces
 from moai.stages.tokenizer import describe, load_tokenizer
-from moai.formats.tokens import TokenStore
-from test_tokenize import saved_text
 
 TIKTOKEN_FAMILIES = {"tekken", "qwen"}  # where tiktoken must engage (it is exact for them)
 

@@ -7,7 +7,7 @@ import subprocess
 
 import yaml
 
-from conftest import store_files as files, PYTHON, config_dict, make_texts, subprocess_env, write_jsonl
+from conftest import PYTHON, config_dict, make_texts, store_files as files, subprocess_env, write_jsonl
 from moai.config import parse_config
 from moai.pipeline import prepare
 

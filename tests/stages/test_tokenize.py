@@ -11,13 +11,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import make_texts
 from moai.config import parse_config
 from moai.errors import TokenizerError
-from moai.stages import tokenize as tk
-from moai.stages.tokenize import parts
-from moai.stages.save import save
-from moai.stages.tokenizer import describe, load_tokenizer
 from moai.formats.text import write_text_dataset
-from moai.stages.tokenize.tiktoken import spec_from_tokenizer_json
 from moai.formats.tokens import TokenStore
+from moai.stages import tokenize as tk
+from moai.stages.save import save
+from moai.stages.tokenize import parts
+from moai.stages.tokenize.tiktoken import spec_from_tokenizer_json
+from moai.stages.tokenizer import describe, load_tokenizer
 
 UNICODE_TEXT = st.text(
     alphabet=st.one_of(

@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from conftest import train_bpe, make_texts
+from conftest import make_texts, train_bpe
 from moai.errors import TokenizerError
 from moai.stages.tokenizer import describe, load_tokenizer
 

@@ -177,10 +177,10 @@ def test_length_grouped_order_is_a_shuffled_permutation_with_similar_neighbours(
 
 
 def test_unpacked_documents_pad_to_a_multiple_of_8_with_masked_labels(tmp_path, tokenizer_dir):
-    from moai.stages import tokenize as tk
-    from moai.stages.tokenizer import describe, load_tokenizer
     from moai.formats.text import write_text_dataset
+    from moai.stages import tokenize as tk
     from moai.stages.save import save
+    from moai.stages.tokenizer import describe, load_tokenizer
     from moai.train import DocumentDataset
 
     text = tmp_path / "text"

@@ -32,10 +32,13 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from moai.config import PipelineConfig
 
 # Constants are re-exported to be read; to change one, patch it in its module (`parts`, `pieces`).
 from moai.stages.tokenize.engine import (
@@ -68,7 +71,6 @@ from moai.stages.tokenize.parts import (
     token_dtype,
     write_store_meta,
 )
-from moai.config import PipelineConfig
 from moai.stages.tokenizer import TokenizerInfo, info_of
 
 __all__ = [
@@ -77,8 +79,8 @@ __all__ = [
     "PART_MIN_BYTES",
     "SPLITS",
     "VERIFY_BYTES",
-    "VERIFY_DOCUMENT_BYTES",
     "VERIFY_DOCUMENTS",
+    "VERIFY_DOCUMENT_BYTES",
     "VERSION",
     "WARM_UP_DOCUMENTS",
     "EncoderSetup",

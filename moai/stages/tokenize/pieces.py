@@ -28,7 +28,7 @@ the report as `forced_cuts` (ids near them may differ from transformers) and log
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
