@@ -25,7 +25,7 @@ def report_rows(result: StageResult) -> list[dict[str, str]]:
         if k not in ("splits",)
     }
     rows = [{"field": k, "value": str(v)} for k, v in flat.items()]
-    return rows + [{"field": "output", "value": result.path}, {"field": "built now", "value": str(result.built)}]
+    return [*rows, {"field": "output", "value": result.path}, {"field": "built now", "value": str(result.built)}]
 
 
 def packing_markdown(pack: StageResult) -> str:
@@ -33,7 +33,8 @@ def packing_markdown(pack: StageResult) -> str:
     train = pack.report["splits"]["train"]
     most = max((b["documents"] for b in train["length_histogram"]), default=1) or 1
     rows = "\n".join(
-        f"| {b['from']}–{b['to'] if b['to'] is not None else '∞'} | {b['documents']:,} | {'█' * round(30 * b['documents'] / most)} |"
+        f"| {b['from']}–{b['to'] if b['to'] is not None else '∞'} | {b['documents']:,} "
+        f"| {'█' * round(30 * b['documents'] / most)} |"
         for b in train["length_histogram"]
         if b["documents"]
     )
@@ -51,7 +52,7 @@ def loss_curve_markdown(metrics_file: Path, width: int = 60, height: int = 12) -
     points = [(r["step"], r["loss"]) for r in map(json.loads, metrics_file.read_text().splitlines()) if "loss" in r]
     if not points:
         return "# Loss curve\n\nno loss lines yet"
-    steps, losses = zip(*points)
+    steps, losses = zip(*points, strict=True)
     lo, hi = min(losses), max(losses)
     grid = [[" "] * width for _ in range(height)]
     for s, v in points:

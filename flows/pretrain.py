@@ -136,8 +136,12 @@ def moai_logs_to_run():
         logger.setLevel(level)
 
 
+# The flow's default parameter (what a deployment shows): built once, when this module loads.
+TINY = tiny()
+
+
 @flow(name="pretrain", log_prints=True)
-def pretrain(config: PipelineConfig = tiny()) -> dict[str, Any]:
+def pretrain(config: PipelineConfig = TINY) -> dict[str, Any]:
     """Prepare the data of `config`, then train on it when the config has a train section."""
     with moai_logs_to_run():
         return _pretrain(config)

@@ -91,7 +91,9 @@ def evaluate(f: Facts) -> list[Check]:
 
     disk_fix = {
         "hdd": "put cache_dir on an SSD: memory-mapped reads are random access",
-        "network": "put cache_dir on a local disk: file locks and memory maps over network filesystems are slow or unsafe",
+        "network": (
+            "put cache_dir on a local disk: file locks and memory maps over network filesystems are slow or unsafe"
+        ),
         "unknown": "check that cache_dir is on a local SSD",
     }
     out.append(

@@ -91,9 +91,8 @@ def _disk_of(path: Path) -> tuple[str, float]:
     best = None
     for part in psutil.disk_partitions(all=True):
         mp = Path(part.mountpoint)
-        if probe == mp or mp in probe.parents:
-            if best is None or len(str(mp)) > len(best.mountpoint):
-                best = part
+        if (probe == mp or mp in probe.parents) and (best is None or len(str(mp)) > len(best.mountpoint)):
+            best = part
     if best is None:
         return "unknown", free_gb
     if best.fstype.lower() in NETWORK_FILESYSTEMS:

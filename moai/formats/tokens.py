@@ -90,7 +90,7 @@ class TokenSplit:
     def doc_offsets(self) -> np.ndarray:
         """Global token offsets of document boundaries: num_documents + 1 values, from 0 to num_tokens."""
         out = [np.zeros(1, dtype=np.int64)]
-        for base, part in zip(self._part_starts, self.parts):
+        for base, part in zip(self._part_starts, self.parts, strict=False):  # starts has one more: the end
             if part["num_documents"]:
                 out.append(np.fromfile(self.root / part["idx"], dtype="<i8") + base)
         return np.concatenate(out)

@@ -181,7 +181,7 @@ class _HashingReader(io.RawIOBase):
 
     def __init__(self, path: Path):
         super().__init__()
-        self._file = open(path, "rb", buffering=0)
+        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (the reader owns it: closed by close())
         self.digest = _Digest()
 
     def readable(self) -> bool:
@@ -366,8 +366,7 @@ def _arrow_batches(path: Path, data: Path | BinaryIO, kind: str, columns: list[s
             types = {c: pa.string() for c in columns or []}
             reader = pcsv.open_csv(data, convert_options=pcsv.ConvertOptions(column_types=types))
             _check_columns(path, reader.schema.names, columns)
-            for batch in reader:
-                yield batch
+            yield from reader
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
         msg = str(err)
         hint = " (invalid UTF-8?)" if "utf8" in msg.lower() or "utf-8" in msg.lower() else ""
@@ -491,7 +490,7 @@ def _check_read(source: SourceConfig, source_fp: str, read: list[_FileRead]) -> 
             "files are no longer being written"
         )
     if taken is not None:
-        changed = [now.path for now, then in zip(read, taken) if now.content() != then.content()]
+        changed = [now.path for now, then in zip(read, taken, strict=True) if now.content() != then.content()]
         raise DataError(_changed_file(changed[0]))
     if len(read) == 1:
         raise DataError(_changed_file(read[0].path))
@@ -511,9 +510,9 @@ def _hub_rows(source: SourceConfig, rows: _Rows, batch_size: int) -> Iterator[tu
     i = 0
     for batch in ds.iter(batch_size=batch_size):
         keys = list(batch)
-        for values in zip(*batch.values()):
+        for values in zip(*batch.values(), strict=True):
             rows.rows_in += 1
-            yield f"{source.hub}[{i}]", dict(zip(keys, values))
+            yield f"{source.hub}[{i}]", dict(zip(keys, values, strict=True))
             i += 1
 
 

@@ -62,10 +62,10 @@ def length_histogram(lengths: np.ndarray, seq_len: int) -> list[dict[str, int]]:
     edges = [1]
     while edges[-1] < max(seq_len, 1) * 2:
         edges.append(edges[-1] * 2)
-    counts, _ = np.histogram(lengths, bins=edges + [np.iinfo(np.int64).max])
+    counts, _ = np.histogram(lengths, bins=[*edges, np.iinfo(np.int64).max])
     return [
         {"from": lo, "to": hi - 1 if i < len(edges) - 1 else None, "documents": int(c)}
-        for i, (lo, hi, c) in enumerate(zip(edges, edges[1:] + [0], counts))
+        for i, (lo, hi, c) in enumerate(zip(edges, [*edges[1:], 0], counts, strict=True))
     ]
 
 

@@ -126,7 +126,8 @@ def describe(tok, name_or_path: str, fingerprint: str, path: str = "") -> Tokeni
         warnings.append(f"tokenizer {name_or_path!r} has no PAD token; unpacked (padded) training needs one")
     elif tok.pad_token_id == tok.eos_token_id:
         warnings.append(
-            f"tokenizer {name_or_path!r}: PAD is EOS ({tok.eos_token!r}); masking padding would also mask real EOS labels"
+            f"tokenizer {name_or_path!r}: PAD is EOS ({tok.eos_token!r}); "
+            "masking padding would also mask real EOS labels"
         )
     for w in warnings:
         log.warning(w)
@@ -150,7 +151,7 @@ def tokenizer_fingerprint(cfg: TokenizerConfig) -> str:
     """Fingerprint of a given tokenizer: its files' content (a hub name: its resolved files)."""
     path = Path(cfg.path).expanduser()
     if path.is_dir():
-        return "dir:" + fingerprint_dir(path, TOKENIZER_FILES + ["vocab.json", "merges.txt", "tokenizer.model"])
+        return "dir:" + fingerprint_dir(path, [*TOKENIZER_FILES, "vocab.json", "merges.txt", "tokenizer.model"])
     tok = load_tokenizer(cfg.path, cfg.trust_remote_code)
     return "hub:" + cfg.path + ":" + hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:32]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -146,7 +146,7 @@ class DocumentDataset:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-Dataset = Union[PackedDataset, DocumentDataset]
+Dataset = PackedDataset | DocumentDataset
 
 
 def open_data(data: DataPaths, split: str, seq_len: int, pad_id: int) -> Dataset:

@@ -91,7 +91,7 @@ class MetricsWriter:
                     dropped,
                     start_step,
                 )
-            self.file = open(output_dir / "metrics.jsonl", "a")
+            self.file = open(output_dir / "metrics.jsonl", "a")  # noqa: SIM115 (open for the run: close())
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is None:

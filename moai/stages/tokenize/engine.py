@@ -45,7 +45,7 @@ def transformers_reference(info: TokenizerInfo) -> Reference:
 
 
 def _first_mismatch(encode: pieces.Encode, want: list[list[int]], sample: list[str]) -> int | None:
-    for i, (a, b) in enumerate(zip(encode(sample, True), want)):
+    for i, (a, b) in enumerate(zip(encode(sample, True), want, strict=True)):
         if list(a) != list(b):
             return i
     return None

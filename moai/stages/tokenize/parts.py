@@ -16,11 +16,12 @@ the parts (see `moai.formats.tokens` for the layout).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def part_ranges(text_bytes: np.ndarray) -> list[tuple[int, int]]:
     # cut after the row holding each 1/parts share of the bytes
     cuts = np.minimum(np.searchsorted(cum, (np.arange(1, parts) * total) // parts, side="left") + 1, rows)
     bounds = np.unique(np.concatenate([[0], cuts, [rows]]))
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -80,14 +81,14 @@ def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np
     ends = np.cumsum(lengths)
     flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
     start = 0
-    for x, end in zip(ids, ends):
+    for x, end in zip(ids, ends, strict=True):
         flat[start : end - 1] = x
         start = end
     flat[ends - 1] = eos_id
     return flat, lengths
 
 
-def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
+def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     """Encode and write parts in order, as one pipelined stream of batches (no bubble between parts)."""
     tables = state["tables"]
 
@@ -103,7 +104,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
             table = tables[key].table
             sizes = text_bytes(table.slice(job.start, job.stop - job.start))
             cum = np.cumsum(sizes)
-            large = list(np.flatnonzero(sizes > pieces.LARGE_DOCUMENT_BYTES)) + [len(sizes)]
+            large = [*np.flatnonzero(sizes > pieces.LARGE_DOCUMENT_BYTES), len(sizes)]
             lo = 0
             while lo < len(cum):
                 if lo == large[0]:
@@ -142,17 +143,17 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
             doc, tok = doc + n, tok + ntok
         return out
 
-    results: list[dict[str, int]] = []
+    results: list[dict[str, Any]] = []
     current = None
-    files = None
+    files: tuple[BinaryIO, BinaryIO] | None = None
     try:
         for job, (flat, lengths) in (piece for group in _pipelined(batches(), encode) for piece in group):
-            if job is not current:
-                if files:
-                    files[0].close(), files[1].close()
+            if job is not current or files is None:
+                _close(files)
                 current = job
                 stem = Path(job.out_dir) / job.split / f"part-{job.index:05d}"
-                files = (open(f"{stem}.bin", "wb"), open(f"{stem}.idx", "wb"))
+                # open across the part's batches: closed when the next part starts, or in `finally`
+                files = (open(f"{stem}.bin", "wb"), open(f"{stem}.idx", "wb"))  # noqa: SIM115
                 results.append(
                     {
                         "index": job.index,
@@ -173,12 +174,16 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, int]]:
             for t in tables.values():
                 t.release()  # text already read: keep resident memory flat over the corpus
     finally:
-        if files:
-            files[0].close(), files[1].close()
+        _close(files)
     for r in results:  # giant documents are counted per process; the first result carries the count
         r["large_documents"], r["forced_cuts"] = state["large_documents"], state["forced_cuts"]
         state["large_documents"] = state["forced_cuts"] = 0
     return results
+
+
+def _close(files: tuple[BinaryIO, ...] | None) -> None:
+    for f in files or ():
+        f.close()
 
 
 def encode_large(data: memoryview, eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -27,6 +27,7 @@ the report as `forced_cuts` (ids near them may differ from transformers) and log
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 
@@ -159,7 +160,7 @@ def cut_points(
 def pieces(data, cuts: Sequence[int]) -> Iterator[str]:
     arr = np.frombuffer(data, dtype=np.uint8)
     bounds = [0, *cuts, len(arr)]
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         yield arr[a:b].tobytes().decode("utf-8")
 
 

@@ -46,7 +46,7 @@ def byte_decoder() -> dict[str, int]:
             keep.append(b)
             chars.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(keep, chars)}
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
 
 
 @dataclass(frozen=True)
