@@ -23,6 +23,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -79,10 +80,8 @@ def run_prepare(data: Path, tokenizer: Path, work: Path) -> dict:
     ps = psutil.Process(proc.pid)
     peak = 0
     while proc.poll() is None:
-        try:
+        with contextlib.suppress(psutil.Error):
             peak = max(peak, sum(p.memory_info().rss for p in [ps, *ps.children(recursive=True)] if p.is_running()))
-        except psutil.Error:
-            pass
         time.sleep(0.02)
     out = proc.stdout.read()
     if proc.returncode != 0:
@@ -112,7 +111,7 @@ def verify(result: dict, text: str, tokenizer: Path) -> str:
     got = TokenStore(result["token_store"]).split("train").document(0).tolist()
     if got == want:
         return f"giant document: all {len(want):,} ids equal transformers'"
-    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
     return f"giant document DIFFERS from transformers at id {first} of {len(want):,} (moai has {len(got):,})"
 
 

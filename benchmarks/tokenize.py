@@ -73,7 +73,8 @@ def run_old_way(saved: Path, tokenizer: Path, seq_len: int, work: Path, **_) -> 
         return tok(batch["text"], padding=False)
 
     def group_texts(examples):
-        concatenated = {k: sum(examples[k], []) for k in examples.keys()}
+        # the Hugging Face guide's group_texts as written there: the contender as people run it
+        concatenated = {k: sum(examples[k], []) for k in examples.keys()}  # noqa: RUF017, SIM118
         total = (len(concatenated["input_ids"]) // seq_len) * seq_len
         return {k: [t[i : i + seq_len] for i in range(0, total, seq_len)] for k, t in concatenated.items()}
 
@@ -161,7 +162,7 @@ def measure(kind: str, args: argparse.Namespace, saved: Path) -> dict:
     peak = 0
     while proc.poll() is None:
         try:
-            tree = [ps] + ps.children(recursive=True)
+            tree = [ps, *ps.children(recursive=True)]
             peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
         except psutil.Error:
             pass
@@ -228,7 +229,10 @@ def main() -> None:
     )
     results = {kind: measure(kind, args, saved) for kind in args.only}
     ceiling = results.get("ceiling")
-    header = f"| {'contender':<16} | {'engine':<10} | {'procs×thr':<9} | {'tokens':>11} | {'seconds':>7} | {'tokens/s':>11} | {'× ceiling':>9} | {'peak RSS MB':>11} |"
+    header = (
+        f"| {'contender':<16} | {'engine':<10} | {'procs×thr':<9} | {'tokens':>11} | {'seconds':>7} "
+        f"| {'tokens/s':>11} | {'× ceiling':>9} | {'peak RSS MB':>11} |"
+    )
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for kind, r in results.items():

@@ -33,7 +33,10 @@ def sentence(rng, words):
     return " ".join(rng.choice(words) for _ in range(n)).capitalize() + "."
 
 
-def main(out=Path(__file__).resolve().parents[1] / "moai" / "assets" / "tiny.jsonl", n=3000, seed=0):
+TINY_JSONL = Path(__file__).resolve().parents[1] / "moai" / "assets" / "tiny.jsonl"
+
+
+def main(out=TINY_JSONL, n=3000, seed=0):
     rng = random.Random(seed)
     with open(out, "w", encoding="utf-8") as f:
         for i in range(n):

@@ -102,7 +102,7 @@ def test_token_store_reader_refuses_a_truncated_part(cache):
     )
 
     (folder / "train" / "part-00000.idx").unlink()
-    with pytest.raises(CacheError, match="train/part-00000.idx is missing; remove the folder"):
+    with pytest.raises(CacheError, match=r"train/part-00000\.idx is missing; remove the folder"):
         store.split("train")
 
 

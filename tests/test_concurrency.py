@@ -35,7 +35,7 @@ def test_four_racing_processes_build_each_stage_once(tmp_path, corpus):
         for _ in range(4)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert len({(r["token_store"], r["sample_index"]) for r in results}) == 1

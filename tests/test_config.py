@@ -85,7 +85,7 @@ def test_cross_field_rules(source, message):
 def test_error_names_the_file(tmp_path):
     f = tmp_path / "broken.yaml"
     f.write_text("source: [unclosed")
-    with pytest.raises(ConfigError, match="broken.yaml"):
+    with pytest.raises(ConfigError, match=r"broken\.yaml"):
         load_config(f)
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "missing.yaml")

@@ -108,7 +108,9 @@ def test_offline_hub_error_names_dataset_and_local_way(tmp_path):
     out = run_offline(
         "from moai.config import parse_config\n"
         "from moai.stages.convert import source_fingerprint\n"
-        "source_fingerprint(parse_config({'source': {'hub': 'nobody/no-such-dataset-xyz'}, 'tokenizer': {'path': 't'}}).source)\n",
+        "source_fingerprint(\n"
+        "    parse_config({'source': {'hub': 'nobody/no-such-dataset-xyz'}, 'tokenizer': {'path': 't'}}).source\n"
+        ")\n",
         tmp_path,
     )
     assert out.returncode != 0
@@ -264,7 +266,10 @@ def test_txt_paragraphs_end_at_blank_lines_whatever_the_line_ending(tmp_path):
 
 # -- a source that changes under convert -------------------------------------------------------------
 
-CHANGED = r"changed while convert was reading it \(its content no longer matches the fingerprint taken at the start\); nothing was published"
+CHANGED = (
+    r"changed while convert was reading it \(its content no longer matches the fingerprint taken at the start\); "
+    r"nothing was published"
+)
 
 
 def write_each_format(d, texts):
@@ -331,9 +336,11 @@ def test_rows_appended_while_reading_are_refused(tmp_path):
     )
     source = src(f, on_bad_rows="skip")
     taken = source_fingerprint(source)
-    with on_first_skip(lambda: append_rows(f, [{"text": "late"}] * 10)):
-        with pytest.raises(DataError, match=rf"^source file {f} {CHANGED}"):
-            run(source, tmp_path, source_fp=taken)
+    with (
+        on_first_skip(lambda: append_rows(f, [{"text": "late"}] * 10)),
+        pytest.raises(DataError, match=rf"^source file {f} {CHANGED}"),
+    ):
+        run(source, tmp_path, source_fp=taken)
     assert not (tmp_path / "out" / "state.json").exists()
 
 
@@ -345,9 +352,11 @@ def test_parquet_touched_while_reading_is_refused(tmp_path):
     source = src(p, on_bad_rows="skip")
     taken = source_fingerprint(source)
     st = os.stat(p)
-    with on_first_skip(lambda: os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))):
-        with pytest.raises(DataError, match=rf"^source file {p} {CHANGED}"):
-            run(source, tmp_path, source_fp=taken)
+    with (
+        on_first_skip(lambda: os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))),
+        pytest.raises(DataError, match=rf"^source file {p} {CHANGED}"),
+    ):
+        run(source, tmp_path, source_fp=taken)
     assert source_fingerprint(source) == taken  # the bytes are the same; the stat is what moved
 
 
@@ -375,7 +384,8 @@ def test_a_fingerprint_from_another_process_still_guards(tmp_path):
     done = run_offline(
         "from moai.config import parse_config\n"
         "from moai.stages.convert import source_fingerprint\n"
-        f"print(source_fingerprint(parse_config({{'source': {{'path': {str(d / '*.jsonl')!r}}}, 'tokenizer': {{'path': 't'}}}}).source))\n",
+        f"cfg = parse_config({{'source': {{'path': {str(d / '*.jsonl')!r}}}, 'tokenizer': {{'path': 't'}}}})\n"
+        "print(source_fingerprint(cfg.source))\n",
         tmp_path,
     )
     taken = done.stdout.strip()
@@ -396,9 +406,11 @@ def test_pipeline_publishes_nothing_when_the_source_changes_during_convert(tmp_p
     original = f.read_bytes()
     cfg = parse_config(config_dict(tmp_path, f, {"path": "unused"}, source={"on_bad_rows": "skip"}))
     taken = pipeline.ROOTS["source"](cfg)
-    with on_first_skip(lambda: append_rows(f, [{"text": "extra"}] * 5)):
-        with pytest.raises(DataError, match=rf"^source file {f} {CHANGED}"):
-            pipeline.run_stage(cfg, "convert", {"source": taken}, progress=False)
+    with (
+        on_first_skip(lambda: append_rows(f, [{"text": "extra"}] * 5)),
+        pytest.raises(DataError, match=rf"^source file {f} {CHANGED}"),
+    ):
+        pipeline.run_stage(cfg, "convert", {"source": taken}, progress=False)
     convert_dir = tmp_path / "cache" / "convert"
     assert not pipeline.is_published(cfg, "convert", {"source": taken})
     assert [p.name for p in convert_dir.iterdir() if not p.name.endswith(".lock")] == []  # no folder, no leftover

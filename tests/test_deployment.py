@@ -68,29 +68,30 @@ def server(tmp_path):
         "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-storage"),
         "PREFECT_SERVER_API_HOST": "127.0.0.1",
     }
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen(
-        [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    api = env["PREFECT_API_URL"]
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
-            time.sleep(0.5)
-        yield env, api
-    finally:
-        _stop(proc)
-        log.close()
+    with open(tmp_path / "server.log", "w") as log:
+        proc = subprocess.Popen(
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        api = env["PREFECT_API_URL"]
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[
+                    -3000:
+                ]
+                time.sleep(0.5)
+            yield env, api
+        finally:
+            _stop(proc)
 
 
 def prefect(env, *args, cwd=ROOT, timeout=300) -> str:
@@ -128,46 +129,45 @@ def test_deployment_run_on_a_real_server(server, tmp_path):
     env, api = server
     prefect(env, "work-pool", "create", "moai", "--type", "process")
     prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
-    worker_log = open(tmp_path / "worker.log", "w")
-    worker = subprocess.Popen(
-        [PREFECT, "worker", "start", "--pool", "moai", "--limit", "1"],
-        env=env,
-        cwd=tmp_path,
-        stdout=worker_log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        config = tiny(cache_dir=str(tmp_path / "cache")).model_dump(mode="json", by_alias=True)
-        config["train"].update({"max_steps": 10, "log_every": 2, "save_every": 10})
-        first = run_and_wait(env, api, {"config": config})
-        states = task_states(api, first)
-        assert all(states.get(s) == "Completed" for s in DATA_STAGES + ["train"]), states
+    with open(tmp_path / "worker.log", "w") as worker_log:
+        worker = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", "moai", "--limit", "1"],
+            env=env,
+            cwd=tmp_path,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            config = tiny(cache_dir=str(tmp_path / "cache")).model_dump(mode="json", by_alias=True)
+            config["train"].update({"max_steps": 10, "log_every": 2, "save_every": 10})
+            first = run_and_wait(env, api, {"config": config})
+            states = task_states(api, first)
+            assert all(states.get(s) == "Completed" for s in [*DATA_STAGES, "train"]), states
 
-        artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [first]}}})
-        keys = {a["key"] for a in artifacts if a.get("key")}
-        types = {a["type"] for a in artifacts}
-        assert {
-            "hardware-plan",
-            "packing",
-            "train-progress",
-            "tokenize-progress",
-            "train-summary",
-            "train-loss-curve",
-        } <= keys, keys
-        assert {f"stage-{s}" for s in DATA_STAGES} <= keys and {f"stage-{s}-output" for s in DATA_STAGES} <= keys
-        assert {"table", "markdown", "progress"} <= types  # link artifacts are stored as markdown
-        progress = {a["key"]: a["data"] for a in artifacts if a["type"] == "progress"}
-        assert progress["train-progress"] == 100.0 and progress["tokenize-progress"] == 100.0
+            artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [first]}}})
+            keys = {a["key"] for a in artifacts if a.get("key")}
+            types = {a["type"] for a in artifacts}
+            assert {
+                "hardware-plan",
+                "packing",
+                "train-progress",
+                "tokenize-progress",
+                "train-summary",
+                "train-loss-curve",
+            } <= keys, keys
+            assert {f"stage-{s}" for s in DATA_STAGES} <= keys and {f"stage-{s}-output" for s in DATA_STAGES} <= keys
+            assert {"table", "markdown", "progress"} <= types  # link artifacts are stored as markdown
+            progress = {a["key"]: a["data"] for a in artifacts if a["type"] == "progress"}
+            assert progress["train-progress"] == 100.0 and progress["tokenize-progress"] == 100.0
 
-        logs = post(api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [first]}}, "limit": 200})
-        assert any(l["name"].startswith("moai") for l in logs), {l["name"] for l in logs}
-        assert any('"loss"' in l["message"] for l in logs)  # training lines streamed into the run's logs
+            logs = post(api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [first]}}, "limit": 200})
+            assert any(line["name"].startswith("moai") for line in logs), {line["name"] for line in logs}
+            assert any('"loss"' in line["message"] for line in logs)  # training lines streamed into the run's logs
 
-        second = run_and_wait(env, api, {"config": config})
-        states = task_states(api, second)
-        assert all(states.get(s) == "Cached" for s in DATA_STAGES), states
-    finally:
-        _stop(worker)
-        worker_log.close()
+            second = run_and_wait(env, api, {"config": config})
+            states = task_states(api, second)
+            assert all(states.get(s) == "Cached" for s in DATA_STAGES), states
+        finally:
+            _stop(worker)
     assert worker.returncode is not None

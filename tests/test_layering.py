@@ -61,12 +61,12 @@ def test_module_imports_form_no_circle():
 
     def visit(m, path):
         if seen.get(m) == 1:
-            raise AssertionError("import circle: " + " -> ".join(path[path.index(m) :] + [m]))
+            raise AssertionError("import circle: " + " -> ".join([*path[path.index(m) :], m]))
         if seen.get(m) == 2:
             return
         seen[m] = 1
         for d in sorted(graph[m]):
-            visit(d, path + [m])
+            visit(d, [*path, m])
         seen[m] = 2
 
     for m in sorted(graph):

@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 from hypothesis import given, strategies as st
 
@@ -29,7 +31,7 @@ def test_position_ids_restart_at_document_starts(lengths, seq_len):
             doc = np.searchsorted(offsets, t, side="right") - 1
             assert p == t - max(offsets[doc], start)
     # a document is split iff it spans two windows
-    expected = sum(1 for a, b in zip(offsets[:-1], offsets[1:]) if a // seq_len != (b - 1) // seq_len)
+    expected = sum(1 for a, b in itertools.pairwise(offsets) if a // seq_len != (b - 1) // seq_len)
     assert documents_split(offsets, seq_len) == expected
 
 

@@ -45,7 +45,7 @@ def tokenize_and_compare(folder, texts, saved, out, *, engine="auto", num_proc=1
     split = TokenStore(out).split("train")
     assert split.num_documents == len(texts)
     want = hf(texts)["input_ids"]
-    wrong = [i for i, ids in enumerate(want) if split.document(i).tolist() != ids + [info.eos_id]]
+    wrong = [i for i, ids in enumerate(want) if split.document(i).tolist() != [*ids, info.eos_id]]
     assert not wrong, f"{len(wrong)} of {len(texts)} documents differ, first {wrong[0]}: {texts[wrong[0]][:60]!r}"
     return report, hf, info, split
 
@@ -68,7 +68,7 @@ def test_every_document_equals_transformers(families, corpus, tmp_path, family, 
 def test_truncation_and_padding_in_tokenizer_json_are_ignored_as_transformers_does(families, corpus, tmp_path, family):
     texts, saved = corpus
     folder = rt.with_truncation_and_padding(families[family], tmp_path / "tok")
-    _, _, info, split = tokenize_and_compare(folder, texts, saved, tmp_path / "out")
+    _, _, _, split = tokenize_and_compare(folder, texts, saved, tmp_path / "out")
     lengths = np.diff(split.doc_offsets)
     assert lengths.max() > 8 + 1 and len(set(lengths.tolist())) > 10  # neither cut at 8 nor padded to it
 
@@ -81,7 +81,7 @@ def test_split_special_tokens_makes_special_text_plain(families, tmp_path, famil
     specials = [t for t in ("</s>", "<s>", "<|endoftext|>", "<|im_start|>") if t in hf.get_vocab()]
     texts = [f"before {s} after {s}" for s in specials] * 3 + rt.hard_texts(40, seed=2)
     saved = saved_text(tmp_path, texts, val_fraction=0.0)
-    report, hf, info, split = tokenize_and_compare(folder, texts, saved, tmp_path / "out")
+    _, hf, _, split = tokenize_and_compare(folder, texts, saved, tmp_path / "out")
     special_ids = {hf.convert_tokens_to_ids(s) for s in specials}
     for i in range(len(specials)):
         body = split.document(i).tolist()[:-1]  # without the EOS moai appends
@@ -108,7 +108,7 @@ def test_a_stretch_without_newline_or_space_is_a_counted_forced_cut():
     data = ("word " * 100 + "x" * 5000 + " tail").encode()
     cuts, forced = pieces.cut_points(data, 512, max_search=2)
     assert forced >= 1 and all(data[c] & 0xC0 != 0x80 for c in cuts)
-    assert b"".join(data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])) == data
+    assert b"".join(data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)) == data
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 1 and N workers write identical bytes."""
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +60,7 @@ def test_ids_equal_hf_tokenizer_plus_eos(tok, engine, texts):
     finally:
         tk.clear_encoder()
     ends = np.cumsum(lengths)
-    for text, end, n in zip(texts, ends, lengths):
+    for text, end, n in zip(texts, ends, lengths, strict=True):
         assert flat[end - n : end].tolist() == hf(text)["input_ids"] + [info.eos_id]
 
 
@@ -116,7 +117,7 @@ def test_part_ranges_cover_rows_in_order(sizes):
     ranges = tk.part_ranges(np.array(sizes, dtype=np.int64))
     assert sum(b - a for a, b in ranges) == len(sizes)
     assert all(a < b for a, b in ranges)
-    assert all(a == b_prev for (a, _), (_, b_prev) in zip(ranges[1:], ranges[:-1]))
+    assert all(a == b_prev for (_, b_prev), (a, _) in itertools.pairwise(ranges))
     assert len(ranges) <= tk.MAX_PARTS
     if sum(sizes) >= 2 * tk.PART_MIN_BYTES and max(sizes) <= sum(sizes) // 4:
         assert len(ranges) >= 2
@@ -132,7 +133,7 @@ def test_engine_falls_back_with_the_reason(tok):
 
     from tokenizers import Tokenizer
 
-    hf, info = tok
+    _, info = tok
     data = json.loads(info.backend_json)
     data["normalizer"] = {"type": "Lowercase"}
     changed = dataclasses.replace(info, backend_json=json.dumps(data))
@@ -151,7 +152,7 @@ def test_an_encoder_that_differs_from_transformers_writes_nothing(tok):
     """The reference is transformers itself: a backend that differs from it is refused, whatever the engine."""
     import json
 
-    hf, info = tok
+    _, info = tok
     data = json.loads(info.backend_json)
     data["normalizer"] = {"type": "Lowercase"}
     changed = dataclasses.replace(info, backend_json=json.dumps(data))
@@ -160,7 +161,7 @@ def test_an_encoder_that_differs_from_transformers_writes_nothing(tok):
 
 
 def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
-    hf, info = tok
+    _, info = tok
     from moai.stages.tokenize import tiktoken as tiktoken_bpe
 
     original = tiktoken_bpe.TiktokenEncoder.encode_batch

@@ -80,7 +80,7 @@ def moai_train(cfg: dict, where: Path) -> subprocess.CompletedProcess:
 
 
 def losses(output_dir: Path) -> dict[int, float]:
-    lines = [json.loads(l) for l in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in lines if "loss" in r}
 
 
@@ -122,7 +122,7 @@ def test_resume_gives_bit_identical_losses(learnable, tmp_path, ranks):
     a, b = losses(whole), losses(split)
     assert sorted(a) == sorted(b) == list(range(1, 21))
     assert all(a[s] == b[s] for s in a), {s: (a[s], b[s]) for s in a if a[s] != b[s]}
-    records = [json.loads(l) for l in (split / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (split / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 21))  # each step once, in order
     starts = [r for r in records if r.get("event") == "start"]
     assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] == 5
@@ -173,9 +173,18 @@ def test_interrupting_the_caller_kills_the_whole_launch(tmp_path):
 import os, yaml
 from moai.config import parse_config
 from moai.launch import BASE_ACCELERATE_CONFIG, Launch, launch_command, run_launch, free_port
-t = parse_config({{"source": {{"path": "x"}}, "tokenizer": {{"path": "t"}}, "train": {{"model_config": {{"model_type": "llama"}}}}}}).train
+t = parse_config(
+    {{"source": {{"path": "x"}}, "tokenizer": {{"path": "t"}}, "train": {{"model_config": {{"model_type": "llama"}}}}}}
+).train
 open({str(tmp_path / "acc.yaml")!r}, "w").write(yaml.safe_dump(BASE_ACCELERATE_CONFIG))
-l = launch_command(t, {str(pid_file)!r}, num_gpus=0, port=free_port(), accelerate_config={str(tmp_path / "acc.yaml")!r}, module="sleeper")
+l = launch_command(
+    t,
+    {str(pid_file)!r},
+    num_gpus=0,
+    port=free_port(),
+    accelerate_config={str(tmp_path / "acc.yaml")!r},
+    module="sleeper",
+)
 run_launch(Launch(l.argv, {{**l.env, "PYTHONPATH": {str(ROOT / "tests" / "assets")!r}}}, 1), on_line=print)
 """
     runner = subprocess.Popen(

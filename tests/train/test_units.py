@@ -1,6 +1,7 @@
 """Pure parts of training: sample order, launch command, what launch hands the ranks (resolved.json),
 FLOPs, and packed-attention masking."""
 
+import itertools
 import json
 import math
 import subprocess
@@ -49,7 +50,7 @@ def test_epochs_are_reshuffled():
     n = 50
     first = [sample_ids(0, n, s, 0, 0, 1, 10, 1) for s in range(5)]
     second = [sample_ids(0, n, s, 0, 0, 1, 10, 1) for s in range(5, 10)]
-    assert sorted(sum(first, [])) == sorted(sum(second, [])) and first != second
+    assert sorted(itertools.chain(*first)) == sorted(itertools.chain(*second)) and first != second
 
 
 @pytest.mark.parametrize(
@@ -101,11 +102,11 @@ def test_launch_command(train, gpus, expect, env):
 
 
 def test_config_rules_for_train():
-    with pytest.raises(ValueError, match="needs train.model_config"):
+    with pytest.raises(ValueError, match=r"needs train\.model_config"):
         parse_config({**BASE, "train": {}})
-    with pytest.raises(ValueError, match="needs train.init_from"):
+    with pytest.raises(ValueError, match=r"needs train\.init_from"):
         parse_config({**BASE, "train": {"mode": "continue"}})
-    with pytest.raises(ValueError, match="needs train.main_process_ip"):
+    with pytest.raises(ValueError, match=r"needs train\.main_process_ip"):
         parse_config({**BASE, "train": {"model_config": "c.json", "num_machines": 2}})
 
 
@@ -239,7 +240,7 @@ def test_model_types_build_and_respect_document_boundaries(model_type, tokenizer
 def test_a_model_config_without_model_type_is_a_config_error():
     from moai.train import build_model
 
-    with pytest.raises(ConfigError, match="train.model_config needs model_type"):
+    with pytest.raises(ConfigError, match=r"train\.model_config needs model_type"):
         build_model(train_cfg(model_config={"hidden_size": 32}), 100, tokenizer=None)
 
 
@@ -251,19 +252,19 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
     from moai.train import kept_metrics, trim_metrics
 
     start = json.dumps({"event": "start", "step": 0, "resumed": False})
-    lines = [start] + _metrics_lines(range(1, 11))
-    assert kept_metrics(lines, 6) == [start] + _metrics_lines(range(1, 7))
+    lines = [start, *_metrics_lines(range(1, 11))]
+    assert kept_metrics(lines, 6) == [start, *_metrics_lines(range(1, 7))]
 
     # stepless lines keep their place before the first dropped line, not after it; a line half
     # written by a kill goes too (the next line appended would be glued onto it)
     note = json.dumps({"event": "note"})
-    mixed = [note] + _metrics_lines([5, 6, 7]) + [note, '{"step": 8, "lo']
-    assert kept_metrics(mixed, 6) == [note] + _metrics_lines([5, 6])
+    mixed = [note, *_metrics_lines([5, 6, 7]), note, '{"step": 8, "lo']
+    assert kept_metrics(mixed, 6) == [note, *_metrics_lines([5, 6])]
 
     f = tmp_path / "metrics.jsonl"
     f.write_text("\n".join(lines) + "\n")
     assert trim_metrics(f, 6) == 4
-    assert f.read_text() == "\n".join([start] + _metrics_lines(range(1, 7))) + "\n"
+    assert f.read_text() == "\n".join([start, *_metrics_lines(range(1, 7))]) + "\n"
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
     before = f.stat().st_mtime_ns
     assert trim_metrics(f, 6) == 0 and f.stat().st_mtime_ns == before  # nothing to drop: not rewritten
