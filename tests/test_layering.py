@@ -1,4 +1,4 @@
-"""moai/ never imports prefect (DESIGN.md: imports point one way)."""
+"""moai/ never imports prefect (docs/DESIGN.md: imports point one way)."""
 
 import ast
 import subprocess
