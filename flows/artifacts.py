@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from moai.hardware import Plan
 from moai.pipeline import StageResult
@@ -120,11 +121,13 @@ class Progress:
     """A progress artifact created on the first report (a stage that never reports shows none)."""
 
     def __init__(self, key: str, description: str):
-        self.key, self.description, self.id = key, description, None
+        self.key, self.description = key, description
+        self.id: UUID | None = None
 
     def __call__(self, fraction: float) -> None:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
         if self.id is None:
-            self.id = create_progress_artifact(0.0, key=self.key, description=self.description)
+            # typed for sync and async callers alike (UUID | Coroutine); called from sync code it returns the UUID
+            self.id = cast(UUID, create_progress_artifact(0.0, key=self.key, description=self.description))
         update_progress_artifact(self.id, 100.0 * fraction)

@@ -106,6 +106,7 @@ def train_task(config: PipelineConfig, prepared: dict[str, Any]) -> dict[str, An
     """accelerate launch the training; every output line goes to this run's logs."""
     log = get_run_logger()
     t = config.train
+    assert t is not None  # the flow runs this task only for a config with a train section
     progress = artifacts.Progress("train-progress", f"training steps done of {t.max_steps}")
 
     def on_metrics(record: dict) -> None:

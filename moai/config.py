@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import string
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -267,7 +268,7 @@ ENV_SETTINGS = {
 }
 
 
-def read_env(environ: dict[str, str] | None = None) -> dict[str, int]:
+def read_env(environ: Mapping[str, str] | None = None) -> dict[str, int]:
     """Resource settings given through the environment (the only place moai reads it)."""
     environ = os.environ if environ is None else environ
     found: dict[str, int] = {}

@@ -245,7 +245,7 @@ def gather(config: PipelineConfig | None) -> Facts:
     tok: dict[str, Any] = {"kind": "none"}
     if config is not None and config.tokenizer.train is not None:
         tok = {"kind": "train"}
-    elif config is not None:
+    elif config is not None and config.tokenizer.path is not None:  # TokenizerConfig: one of train, path
         tok = {"kind": "given", "path": config.tokenizer.path}
         try:
             t = load_tokenizer(config.tokenizer.path, config.tokenizer.trust_remote_code)

@@ -111,6 +111,7 @@ def launch_command(
 def resolve(config: PipelineConfig, data: DataPaths | dict[str, Any], loader_workers: int) -> Path:
     """Write RESOLVED.json (a `ResolvedRun`: config + data paths) and the base accelerate config
     into the output dir; `data` holds token_store, sample_index and tokenizer, nothing else."""
+    assert config.train is not None, "resolve is for a config with a train section"
     out = Path(config.train.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # Absolute, so the launched ranks find everything whatever their working directory.
@@ -149,6 +150,7 @@ def run_launch(
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     failures: list[str] = []
     last: dict[str, Any] = {}
+    assert proc.stdout is not None  # stdout=PIPE
     try:
         for raw in proc.stdout:
             line = raw.rstrip("\n")

@@ -199,27 +199,27 @@ def _relative_files(folder: Path) -> list[str]:
 
 def load_manifest(path: Path) -> dict[str, Any]:
     """The manifest of a published folder; `CacheError` if it cannot be read or is malformed."""
-    manifest, problem = _read_manifest(path)
-    if problem is not None:
-        raise CacheError.damaged(path, problem)
+    manifest = _read_manifest(path)
+    if isinstance(manifest, str):
+        raise CacheError.damaged(path, manifest)
     return manifest
 
 
-def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(manifest, None), or (None, what is wrong with it)."""
+def _read_manifest(path: Path) -> dict[str, Any] | str:
+    """The manifest, or what is wrong with it."""
     file = path / MANIFEST
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        return None, f"its {MANIFEST} cannot be read ({type(err).__name__}: {err})"
+        return f"its {MANIFEST} cannot be read ({type(err).__name__}: {err})"
     if not text.strip():
-        return None, f"its {MANIFEST} is empty"
+        return f"its {MANIFEST} is empty"
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as err:
-        return None, f"its {MANIFEST} is not valid JSON ({err})"
+        return f"its {MANIFEST} is not valid JSON ({err})"
     if not isinstance(manifest, dict):
-        return None, f"its {MANIFEST} holds a {type(manifest).__name__}, not an object"
+        return f"its {MANIFEST} holds a {type(manifest).__name__}, not an object"
     files = manifest.get(FILES)
     if files is not None and not (
         isinstance(files, dict)
@@ -228,8 +228,8 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
             for r in files.values()
         )
     ):
-        return None, f"the {FILES!r} list of its {MANIFEST} is malformed"
-    return manifest, None
+        return f"the {FILES!r} list of its {MANIFEST} is malformed"
+    return manifest
 
 
 def size_problems(path: Path, files: dict[str, dict[str, Any]] | None) -> list[str]:
@@ -313,9 +313,9 @@ def verify_cache(root: str | os.PathLike) -> Iterator[EntryCheck]:
 def check_entry(path: Path) -> EntryCheck:
     """The verdict on one published folder (see `verify_cache`)."""
     stage, key = path.parent.name, path.name
-    manifest, problem = _read_manifest(path)
-    if problem is not None:
-        return EntryCheck(stage, key, path, DAMAGED, (problem,))
+    manifest = _read_manifest(path)
+    if isinstance(manifest, str):
+        return EntryCheck(stage, key, path, DAMAGED, (manifest,))
     files = manifest.get(FILES)
     if files is None:
         return EntryCheck(stage, key, path, UNVERIFIABLE)

@@ -74,6 +74,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
 
 def source_files(source: SourceConfig) -> list[Path]:
     """The local files `source.path` names, sorted; a clear error if it names none we can read."""
+    assert source.path is not None, "source_files is for a local source (source.path)"
     pattern = str(Path(source.path).expanduser())
     matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
     if not matches:
@@ -228,6 +229,7 @@ class _Rows:
 def _text_of(row: dict[str, Any], source: SourceConfig, rows: _Rows, where: str) -> str | None:
     if source.text_field is not None:
         return _field_text(row, source.text_field, rows, where)
+    assert source.text_template is not None  # SourceConfig sets text_field when no template is given
     return _template_text(row, source.text_template, rows, where)
 
 
@@ -327,7 +329,7 @@ def _json_lines(f: BinaryIO, path: Path, rows: _Rows) -> Iterator[tuple[str, dic
         yield where, obj
 
 
-def _json_file(f: io.BufferedReader, path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+def _json_file(f: io.BufferedReader[_HashingReader], path: Path, rows: _Rows) -> Iterator[tuple[str, dict[str, Any]]]:
     head = f.peek(4096)[:4096].lstrip()  # peek: the bytes stay in the stream, read (and hashed) once
     if not head.startswith(b"["):
         yield from _json_lines(f, path, rows)
@@ -380,7 +382,10 @@ def _check_columns(path: Path, names: list[str], needed: list[str] | None) -> No
 
 
 def _needed_fields(source: SourceConfig) -> list[str]:
-    return [source.text_field] if source.text_field is not None else template_fields(source.text_template)
+    if source.text_field is not None:
+        return [source.text_field]
+    assert source.text_template is not None  # SourceConfig sets text_field when no template is given
+    return template_fields(source.text_template)
 
 
 def _table_rows(

@@ -57,7 +57,7 @@ def documents_split(doc_offsets: np.ndarray, seq_len: int) -> int:
     return int(np.count_nonzero((starts // seq_len) != ((ends - 1) // seq_len)))
 
 
-def length_histogram(lengths: np.ndarray, seq_len: int) -> list[dict[str, int]]:
+def length_histogram(lengths: np.ndarray, seq_len: int) -> list[dict[str, int | None]]:
     """Document lengths in tokens, binned by powers of two up to and beyond seq_len."""
     edges = [1]
     while edges[-1] < max(seq_len, 1) * 2:

@@ -149,6 +149,7 @@ def describe(tok, name_or_path: str, fingerprint: str, path: str = "") -> Tokeni
 
 def tokenizer_fingerprint(cfg: TokenizerConfig) -> str:
     """Fingerprint of a given tokenizer: its files' content (a hub name: its resolved files)."""
+    assert cfg.path is not None, "a given tokenizer (tokenizer.path) has files to fingerprint; a trained one has none"
     path = Path(cfg.path).expanduser()
     if path.is_dir():
         return "dir:" + fingerprint_dir(path, [*TOKENIZER_FILES, "vocab.json", "merges.txt", "tokenizer.model"])

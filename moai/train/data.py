@@ -203,7 +203,9 @@ def make_loader(data: Dataset, t: TrainConfig, rank: int, world: int, start_step
     from torch.utils.data import DataLoader
 
     return DataLoader(
-        data,
+        # map-style by protocol (__getitem__, __len__): the datasets do not subclass torch's Dataset,
+        # so that importing moai.train loads no torch
+        data,  # type: ignore[arg-type]
         batch_sampler=StepBatches(t, len(data), rank, world, start_step, data.lengths),
         collate_fn=data.collate,
         num_workers=workers,
@@ -217,7 +219,7 @@ def record_first_samples(
     output_dir: Path, data: Dataset, t: TrainConfig, rank: int, world: int, start_step: int
 ) -> None:
     """Write `ranks/rank-<rank>.json`: the samples this rank reads first, so sharding can be checked."""
-    first = next(iter(StepBatches(t, len(data), rank, world, start_step, data.lengths)), [])
+    first: list[int] = next(iter(StepBatches(t, len(data), rank, world, start_step, data.lengths)), [])
     (output_dir / "ranks").mkdir(exist_ok=True)
     (output_dir / "ranks" / f"rank-{rank}.json").write_text(
         json.dumps({"rank": rank, "world_size": world, "start_step": start_step, "first_samples": first})

@@ -38,12 +38,14 @@ def build_model(t: TrainConfig, vocab_size: int, tokenizer, attn: str = "sdpa"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if t.mode == "continue":
+        assert t.init_from is not None  # TrainConfig requires it in mode continue
         model = AutoModelForCausalLM.from_pretrained(t.init_from, attn_implementation=attn, dtype=torch.float32)
         if model.config.vocab_size < vocab_size:
             raise ConfigError(
                 f"train.init_from {t.init_from}: vocab {model.config.vocab_size} < tokenizer's {vocab_size}"
             )
         return model
+    assert t.model is not None  # TrainConfig requires model_config in mode pretrain
     if isinstance(t.model, str):
         cfg = AutoConfig.from_pretrained(t.model)
     else:

@@ -96,6 +96,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         """Lists of (job, texts) pieces across part edges, of at most batch_size documents and
         about BATCH_MAX_BYTES of text together: memory per batch is bounded for any document size.
         A document over LARGE_DOCUMENT_BYTES is a group of its own: (job, its mapped bytes)."""
+        group: list[tuple[PartJob, Any]]
         group, docs, size = [], 0, 0
         for job in jobs:
             key = (job.text_dir, job.split)

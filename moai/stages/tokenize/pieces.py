@@ -118,7 +118,7 @@ def _is_cut(arr: np.ndarray, i: int) -> bool:
     return _solid(_char_before(arr, lo + 1)) and _word(_char_at(arr, hi))
 
 
-def _cuts_in(arr: np.ndarray, lo: int, hi: int) -> list[int]:
+def _cuts_in(arr: np.ndarray, lo: int, hi: int) -> tuple[list[int], list[int]]:
     """Allowed cuts in [lo, hi): after-newline ones first, then before-space ones, each ascending."""
     window = arr[lo:hi]
     after_nl = [int(j) + lo + 1 for j in np.flatnonzero(window == 0x0A)]

@@ -24,6 +24,7 @@ import json
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal
 
 # The GPT-2 split pattern that tokenizers' ByteLevel(use_regex=True) applies.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -58,7 +59,7 @@ class TiktokenSpec:
     special_tokens: dict[str, int]
     prefix: tuple[int, ...]
     suffix: tuple[int, ...]
-    normalization: tuple[str, ...] = ()  # unicodedata forms applied in order before encoding
+    normalization: tuple[NormalForm, ...] = ()  # unicodedata forms applied in order before encoding
     text_specials: frozenset[str] = frozenset()  # added tokens encoded as plain text (split_special_tokens)
 
 
@@ -87,10 +88,11 @@ def _split_pattern(pre: dict | None) -> str:
     raise NotExpressible(f"pre-tokenizer {pre['type']} is not Split(regex)+ByteLevel or ByteLevel")
 
 
-NORMAL_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+NormalForm = Literal["NFC", "NFD", "NFKC", "NFKD"]
+NORMAL_FORMS: tuple[NormalForm, ...] = ("NFC", "NFD", "NFKC", "NFKD")
 
 
-def _normalization(norm: dict | None) -> tuple[str, ...]:
+def _normalization(norm: dict | None) -> tuple[NormalForm, ...]:
     """The unicodedata forms a tokenizers normalizer applies, or `NotExpressible`."""
     if norm is None:
         return ()
