@@ -104,6 +104,22 @@ def config_dict(tmp_path: Path, source_path: Path | str, tokenizer: dict, **extr
     return cfg
 
 
+def saved_text(tmp_path: Path, texts: list[str], val_fraction=0.1) -> Path:
+    """`texts` as the save stage writes them (train and validation splits), under tmp_path/saved."""
+    from moai.config import parse_config
+    from moai.formats.text import write_text_dataset
+    from moai.stages.save import save
+
+    text_dir = tmp_path / "text"
+    text_dir.mkdir()
+    write_text_dataset([texts], text_dir, "1MB")
+    out = tmp_path / "saved"
+    out.mkdir()
+    cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"}, "split": {"val_fraction": val_fraction}})
+    save(cfg.split, text_dir, out, max_shard_size="64KB")
+    return out
+
+
 def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -153,6 +169,29 @@ def pretrain():
     finally:
         sys.path.remove(str(ROOT))
     return flow
+
+
+# The data stages of the flow, as Prefect task names.
+DATA_STAGES = {"convert", "filter", "save", "tokenizer", "tokenize", "pack"}
+
+
+def task_states(flow_state, expected: set[str] = DATA_STAGES, wait_s: float = 20) -> dict[str, str]:
+    """Final state name of each task of a flow run, read back from the server (states arrive asynchronously)."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_run_id = flow_state.state_details.flow_run_id
+    deadline = time.monotonic() + wait_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            states = {r.name.rsplit("-", 1)[0]: r.state for r in runs}
+            done = expected <= set(states) and all(states[s] is not None and states[s].is_final() for s in expected)
+            if done or time.monotonic() > deadline:
+                return {name: (st.name if st else None) for name, st in states.items()}
+            time.sleep(0.2)
 
 
 def store_files(root: Path) -> dict[Path, bytes]:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import config_dict
+from conftest import DATA_STAGES, config_dict, task_states
 from moai import pipeline
 from moai.config import parse_config
 from moai.formats.tokens import TokenStore
@@ -66,8 +66,6 @@ def test_a_stage_added_through_the_registry_runs_and_caches(extra_stage, tmp_pat
 def test_a_stage_added_through_the_registry_shows_in_the_flow(
     extra_stage, prefect_server, pretrain, tmp_path, corpus, tokenizer_dir
 ):
-    from test_flow import DATA_STAGES, task_states
-
     cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
     expected = DATA_STAGES | {"document-count"}
     first = pretrain(cfg, return_state=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_tokenize import saved_text
 
 import real_tokenizers as rt
+from conftest import saved_text
 from moai.formats.tokens import TokenStore
 from moai.stages import tokenize as tk
 from moai.stages.tokenize import pieces

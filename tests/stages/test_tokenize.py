@@ -9,13 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import make_texts
-from moai.config import parse_config
+from conftest import make_texts, saved_text
 from moai.errors import TokenizerError
-from moai.formats.text import write_text_dataset
 from moai.formats.tokens import TokenStore
 from moai.stages import tokenize as tk
-from moai.stages.save import save
 from moai.stages.tokenize import parts
 from moai.stages.tokenize.tiktoken import spec_from_tokenizer_json
 from moai.stages.tokenizer import describe, load_tokenizer
@@ -62,17 +59,6 @@ def test_ids_equal_hf_tokenizer_plus_eos(tok, engine, texts):
     ends = np.cumsum(lengths)
     for text, end, n in zip(texts, ends, lengths, strict=True):
         assert flat[end - n : end].tolist() == hf(text)["input_ids"] + [info.eos_id]
-
-
-def saved_text(tmp_path: Path, texts: list[str], val_fraction=0.1) -> Path:
-    text_dir = tmp_path / "text"
-    text_dir.mkdir()
-    write_text_dataset([texts], text_dir, "1MB")
-    out = tmp_path / "saved"
-    out.mkdir()
-    cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"}, "split": {"val_fraction": val_fraction}})
-    save(cfg.split, text_dir, out, max_shard_size="64KB")
-    return out
 
 
 def run_tokenize(saved: Path, out: Path, info, num_proc: int, engine: str) -> dict:

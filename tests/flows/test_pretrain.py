@@ -4,29 +4,8 @@ deleted output is rebuilt instead of returned."""
 import shutil
 from pathlib import Path
 
-from conftest import config_dict
+from conftest import DATA_STAGES, config_dict, task_states
 from moai.config import parse_config
-
-DATA_STAGES = {"convert", "filter", "save", "tokenizer", "tokenize", "pack"}
-
-
-def task_states(flow_state, expected: set[str] = DATA_STAGES, wait_s: float = 20) -> dict[str, str]:
-    """Final state name of each task of a flow run, read back from the server (states arrive asynchronously)."""
-    import time
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    flow_run_id = flow_state.state_details.flow_run_id
-    deadline = time.monotonic() + wait_s
-    with get_client(sync_client=True) as client:
-        while True:
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            states = {r.name.rsplit("-", 1)[0]: r.state for r in runs}
-            done = expected <= set(states) and all(states[s] is not None and states[s].is_final() for s in expected)
-            if done or time.monotonic() > deadline:
-                return {name: (st.name if st else None) for name, st in states.items()}
-            time.sleep(0.2)
 
 
 def test_flow_runs_caches_and_rebuilds(prefect_server, pretrain, tmp_path, corpus):
