@@ -135,6 +135,7 @@ def moai(*args, cwd):
     )
 
 
+@pytest.mark.slow
 def test_cache_verify_passes_a_healthy_cache_and_names_an_altered_entry(cache, tmp_path):
     data, keys, root = cache
     cfg = tmp_path / "c.yaml"
@@ -158,6 +159,7 @@ def test_cache_verify_passes_a_healthy_cache_and_names_an_altered_entry(cache, t
     ]
 
 
+@pytest.mark.slow
 def test_cache_verify_reports_unreadable_and_older_manifests(cache, tmp_path):
     _, keys, root = cache
     (root / "filter" / keys["filter"] / "_manifest.json").write_text("")

@@ -1,9 +1,13 @@
 import json
 import subprocess
 
+import pytest
 import yaml
 
 from conftest import PYTHON, config_dict, subprocess_env
+
+# Every test here runs the CLI in a subprocess.
+pytestmark = pytest.mark.slow
 
 
 def moai(*args, cwd, env=None):

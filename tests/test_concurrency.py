@@ -6,9 +6,13 @@ import signal
 import subprocess
 import time
 
+import pytest
 import yaml
 
 from conftest import PYTHON, config_dict, make_texts, subprocess_env, write_jsonl
+
+# Every test here races `moai prepare` processes.
+pytestmark = pytest.mark.slow
 
 
 def prepare_cmd(cfg_file):

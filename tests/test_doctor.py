@@ -70,6 +70,7 @@ def test_each_decision(change, name, expected):
         assert c.fix
 
 
+@pytest.mark.slow
 def test_doctor_on_this_machine_exits_by_its_failures(tmp_path):
     out = subprocess.run(
         [PYTHON, "-m", "moai.cli", "doctor", "tiny"],

@@ -3,6 +3,8 @@
 import ast
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, ROOT, subprocess_env
 
 
@@ -21,6 +23,7 @@ def test_no_module_under_moai_imports_prefect():
     assert offenders == []
 
 
+@pytest.mark.slow
 def test_importing_every_moai_module_loads_no_prefect():
     modules = sorted(
         ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")

@@ -9,6 +9,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import PYTHON, ROOT, config_dict, subprocess_env
@@ -60,6 +61,7 @@ def test_directives_are_documented_options():
             assert option in KNOWN, (script.name, option)
 
 
+@pytest.mark.slow
 def test_tokenize_array_then_merge(tmp_path, corpus, tokenizer_dir):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)})))
@@ -88,6 +90,7 @@ def test_tokenize_array_then_merge(tmp_path, corpus, tokenizer_dir):
     assert json.loads(done.stdout.strip().splitlines()[-1])["num_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_train_template_passes_each_node_its_rank(tmp_path):
     fake_moai = tmp_path / "moai"
     fake_moai.write_text('#!/usr/bin/env bash\necho "moai $*"\n')
@@ -111,6 +114,7 @@ def test_train_template_passes_each_node_its_rank(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_train_cli_overrides_are_validated(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(

@@ -9,6 +9,9 @@ from conftest import config_dict, make_texts, store_files as files, write_jsonl
 from moai.config import parse_config
 from moai.pipeline import prepare
 
+# A Prefect test server and a Dask LocalCluster with worker processes.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("where", ["local-cluster", "scheduler-address"])
 def test_dask_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenizer_dir, where):

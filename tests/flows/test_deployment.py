@@ -125,6 +125,7 @@ def task_states(api, run_id: str) -> dict[str, str]:
     return {r["name"].rsplit("-", 1)[0]: r["state"]["name"] for r in runs}
 
 
+@pytest.mark.slow
 def test_deployment_run_on_a_real_server(server, tmp_path):
     env, api = server
     prefect(env, "work-pool", "create", "moai", "--type", "process")

@@ -4,8 +4,13 @@ deleted output is rebuilt instead of returned."""
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import DATA_STAGES, config_dict, task_states
 from moai.config import parse_config
+
+# The flow runs on the session's Prefect test server.
+pytestmark = pytest.mark.slow
 
 
 def test_flow_runs_caches_and_rebuilds(prefect_server, pretrain, tmp_path, corpus):

@@ -12,6 +12,7 @@ from moai.formats.tokens import PackedSamples
 from moai.formats.webdataset import parse_size
 
 
+@pytest.mark.slow
 def test_two_ranks_two_workers_see_every_sample_once(tmp_path, tokenizer_dir):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(3000, seed=8)])
     cfg = tmp_path / "c.yaml"

@@ -104,6 +104,7 @@ def test_source_matching_no_files(tmp_path):
         run(src(tmp_path / "x.xml"), tmp_path)
 
 
+@pytest.mark.slow
 def test_offline_hub_error_names_dataset_and_local_way(tmp_path):
     out = run_offline(
         "from moai.config import parse_config\n"
@@ -374,6 +375,7 @@ def test_a_file_added_after_the_fingerprint_is_named(tmp_path):
         run(source, tmp_path, source_fp=taken)
 
 
+@pytest.mark.slow
 def test_a_fingerprint_from_another_process_still_guards(tmp_path):
     # A Prefect task may take the fingerprint in another process: the change is still caught,
     # though which of several files changed cannot be told.

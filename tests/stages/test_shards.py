@@ -5,11 +5,15 @@ import json
 import random
 import subprocess
 
+import pytest
 import yaml
 
 from conftest import PYTHON, config_dict, make_texts, store_files as files, subprocess_env, write_jsonl
 from moai.config import parse_config
 from moai.pipeline import prepare
+
+# Every test here runs the CLI in subprocesses (tokenize-shard, merge).
+pytestmark = pytest.mark.slow
 
 
 def moai(*args, cwd):

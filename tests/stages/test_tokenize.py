@@ -68,6 +68,7 @@ def run_tokenize(saved: Path, out: Path, info, num_proc: int, engine: str) -> di
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["tokenizers", "auto"])
 def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, tok, monkeypatch, engine):
     monkeypatch.setattr(parts, "PART_MIN_BYTES", 20_000)  # several parts from a small corpus

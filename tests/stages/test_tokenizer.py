@@ -39,6 +39,7 @@ def test_pad_missing_or_equal_to_eos_warns(tmp_path, caplog):
     assert any("PAD is EOS" in w for w in info.warnings)
 
 
+@pytest.mark.slow
 def test_unreachable_hub_tokenizer_is_a_clear_error(tmp_path):
     from conftest import run_offline
 
