@@ -109,7 +109,10 @@ def stage(name: str) -> Stage:
 
 
 def register(new: Stage, *, after: str | None = None) -> None:
-    """Add a stage to the graph, after stage `after` (default: at the end)."""
+    """Add a stage to the graph, after stage `after` (default: at the end). Names are unique: they
+    are the stages' folders in the store."""
+    if any(s.name == new.name for s in REGISTRY):
+        raise ValueError(f"a stage named {new.name!r} is registered already")
     at = len(REGISTRY) if after is None else REGISTRY.index(stage(after)) + 1
     REGISTRY.insert(at, new)
 

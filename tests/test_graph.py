@@ -73,3 +73,8 @@ def test_a_stage_added_through_the_registry_shows_in_the_flow(
     assert task_states(first, expected)["document-count"] == "Completed"
     second = pretrain(cfg, return_state=True)
     assert task_states(second, expected)["document-count"] == "Cached"
+
+
+def test_a_stage_name_is_registered_once(extra_stage):
+    with pytest.raises(ValueError, match="'document-count' is registered already"):
+        pipeline.register(pipeline.Stage.of(DOCUMENT_COUNT))

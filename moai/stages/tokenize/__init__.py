@@ -12,7 +12,7 @@ How it stays at the tokenizer's own speed:
   plan. With one process (small machines) the work runs in this process, no start-up cost.
 
 Memory is bounded by one batch per worker (plus the document offsets being written), whatever
-the corpus size; a document larger than a batch is read from the mapped file and encoded in
+the corpus size; a document over 8 MiB (`pieces.LARGE_DOCUMENT_BYTES`) is read from the mapped file and encoded in
 pieces at places where that gives the same ids (`pieces`), so one giant document does not
 take the machine down either. Every document gets EOS appended after the tokenizer's own special
 tokens, so a document's ids equal `tokenizer(text)["input_ids"] + [eos]`: before anything is

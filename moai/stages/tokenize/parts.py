@@ -6,7 +6,7 @@
   through a pipe. Parts are encoded in batches of bounded text (`encode_parts`), converted to
   uint16 / uint32 per document by NumPy, and written by that process to the part's own
   `.bin`/`.idx`: there is no single writer that every token funnels through.
-- A document larger than a batch is read from the mapped file and encoded on its own, in exact
+- A document over `pieces.LARGE_DOCUMENT_BYTES` is read from the mapped file and encoded on its own, in exact
   pieces where the tokenizer allows it (`encode_large`, see `pieces`).
 
 Every document gets EOS appended after the tokenizer's own special tokens. The encoder is the

@@ -6,7 +6,7 @@ priority = token id, a piece found whole in the vocabulary is taken whole, and n
 So we only build an encoding when the tokenizer.json fits those rules:
 
 - merges must follow token-id order. Several merges may produce the same token (Llama-3- and
-  Tekken-style files list 152k such duplicates): the first one sets the token's priority and the
+  Tekken-style files list 152k and 140k such duplicates): the first one sets the token's priority and the
   later ones can never apply before it, so they are dropped;
 - a Unicode normalizer (NFC, NFKC, NFD, NFKD, or a sequence of them, as Qwen2 uses) is applied
   with `unicodedata` before encoding;
