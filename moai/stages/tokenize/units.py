@@ -128,10 +128,12 @@ def merge(
         rel = Path(j.split) / f"part-{j.index:05d}"
         for suffix in (".bin", ".idx"):
             _link_or_copy(part.path / f"{rel}{suffix}", out_dir / f"{rel}{suffix}")
+        report = part.manifest["report"]
         results.append(
-            {k: part.manifest["report"][k] for k in ("index", "split", "num_documents", "num_tokens", "bin", "idx")}
+            {k: report[k] for k in ("index", "split", "num_documents", "num_tokens", "bin", "idx")}
+            | {k: report.get(k, 0) for k in ("large_documents", "forced_cuts")}
         )
-        engines.add(part.manifest["report"]["engine"])
+        engines.add(report["engine"])
     splits = write_store_meta(info, out_dir, results)
     tokens = sum(s["num_tokens"] for s in splits.values())
     docs = sum(s["num_documents"] for s in splits.values())
@@ -143,6 +145,8 @@ def merge(
         "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
         "parts": len(jobs),
         "engine": "+".join(sorted(engines)),
+        "large_documents": sum(r["large_documents"] for r in results),
+        "forced_cuts": sum(r["forced_cuts"] for r in results),
         "merged": True,
         "seconds": round(time.perf_counter() - started, 3),
         "warnings": info.warnings,
