@@ -1,0 +1,206 @@
+r"""convert: read the source (local files or a hub dataset) and build one `text` column.
+
+Local formats by extension: `.jsonl`/`.ndjson` (one object a line), `.json` (JSON lines, or one
+array of objects), `.parquet`, `.csv`, `.txt` (by line, paragraph or whole file). The text comes
+from `text_field` or from `text_template` formatted over the row's fields.
+
+`.txt` with `txt_sample_by: line`: a line ends at "\n" or "\r\n" and at nothing else (form
+feed, \x85, U+2028 stay inside it); the newline that ends the file starts no extra row; empty
+lines are rows (the filter drops them as empty). With `paragraph`: paragraphs end at one or more
+blank lines (empty or only spaces and tabs, "\n" or "\r\n" endings alike); whitespace-only
+pieces are skipped.
+
+A bad row is a row that cannot give a text: invalid UTF-8, malformed JSON, a JSON value that is
+not an object, a missing field, or a value that is not text. A text field must hold a string
+(null gives an empty text, which the filter drops as empty); a list, dict, bytes, number or bool
+there is a bad row (`not_text`), because its `str()` is a Python repr, not the document. A
+template formats strings and numbers ("Score: {score}") and null as ""; a list, dict, bytes or
+bool it would format is a bad row too. With `source.on_bad_rows: error` (the default) the first
+bad row stops convert with a `DataError` naming its file and line or row; with `skip` bad rows
+are skipped and counted by reason in the report's `dropped`.
+
+The store keeps convert's output under a key chained from `source_fingerprint`, taken before
+convert runs (each local file's name, length and xxh3-128 of its bytes). convert hashes the bytes
+it parses as it reads them, with the same code (parquet, read by random access, is hashed again
+after reading and must keep its size, mtime and inode), and raises `DataError` naming the file if
+they are not the fingerprinted bytes: a file written during a run is never cached under a key
+that describes other bytes. Hub datasets keep the `datasets` fingerprint.
+
+The package: `readers` (the rows of each format, bad-row routing), `fingerprint` (hashing what
+is read, refusing what changed); this module is the stage: text from rows, and `convert`.
+"""
+
+from __future__ import annotations
+
+import logging
+import string
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from moai.config import PipelineConfig, SourceConfig, template_fields
+from moai.formats.text import write_text_dataset
+from moai.stages.convert.fingerprint import FileRead, check_read, digest_file, files_fingerprint, remember
+from moai.stages.convert.readers import FORMATS, Rows, file_rows, hub_rows, load_hub, source_files
+
+__all__ = ["FORMATS", "NAME", "READS", "VERSION", "build", "convert", "settings", "source_files", "source_fingerprint"]
+
+log = logging.getLogger(__name__)
+
+NAME = "convert"
+VERSION = 2  # 2: a value that is not text is a bad row, no longer its repr; .txt lines end at \n or \r\n only
+READS = ("source",)  # the root: `source_fingerprint` of the files (or the hub dataset)
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    """What changes the output besides the source's content (which is the root of the key)."""
+    return config.source.model_dump(exclude={"path", "hub", "split", "subset"})
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    """The stage in the graph (`moai.pipeline`): the source's rows → `out`."""
+    return convert(
+        ctx.config.source,
+        out,
+        source_fp=ctx.inputs["source"],
+        writer_batch_size=ctx.plan.writer_batch_size.value,
+        max_shard_size=ctx.config.save.max_shard_size,
+    )
+
+
+def source_fingerprint(source: SourceConfig) -> str:
+    """Root of every key: the `datasets` fingerprint of a hub dataset, or a content hash of local
+    files (name, length and bytes of each); `convert` checks it against the bytes it reads."""
+    if source.hub is not None:
+        ds = load_hub(source.hub, source.subset, source.split, source.trust_remote_code)
+        return f"hub:{source.hub}:{ds._fingerprint}"
+    files = [digest_file(p) for p in source_files(source)]
+    fingerprint = files_fingerprint(files)
+    remember(source.path, fingerprint, files)
+    return fingerprint
+
+
+def _text_of(row: dict[str, Any], source: SourceConfig, rows: Rows, where: str) -> str | None:
+    if source.text_field is not None:
+        return _field_text(row, source.text_field, rows, where)
+    assert source.text_template is not None  # SourceConfig sets text_field when no template is given
+    return _template_text(row, source.text_template, rows, where)
+
+
+def _field_text(row: dict[str, Any], field: str, rows: Rows, where: str) -> str | None:
+    if field not in row:
+        rows.bad("missing_field", where, f"no field {field!r} (source.text_field); fields here: {sorted(row)}")
+        return None
+    value = row[field]
+    if value is None:  # no text: an empty row, which the filter drops and counts as empty
+        return ""
+    if isinstance(value, str):
+        return value
+    # str() of a list, bytes or number is a Python repr, not the document: never train on it silently.
+    rows.bad("not_text", where, f"source.text_field {field!r} holds {_kind(value)}, not text: {_preview(value)}")
+    return None
+
+
+def _formattable(value: Any) -> bool:
+    """What a template may format: text and numbers ("Score: {score}"); None stands for ""."""
+    # bool is an int, but "True" in a prompt is a repr, not something the data's author wrote.
+    return value is None or (isinstance(value, (str, int, float)) and not isinstance(value, bool))
+
+
+class _NotText(Exception):
+    def __init__(self, field: str, value: Any):
+        super().__init__(field)
+        self.field, self.value = field, value
+
+
+class _CheckedFormatter(string.Formatter):
+    """`str.format` that checks each value it formats, after look-ups like `{turns[0]}` or `{meta.title}`."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        value, first = super().get_field(field_name, args, kwargs)
+        if not _formattable(value):
+            raise _NotText(field_name, value)
+        return ("" if value is None else value), first
+
+
+_CHECKED = _CheckedFormatter()
+
+
+def _template_text(row: dict[str, Any], template: str, rows: Rows, where: str) -> str | None:
+    fields = template_fields(template)
+    missing = [f for f in fields if f not in row]
+    if missing:
+        rows.bad("missing_field", where, f"source.text_template needs {missing} but the row has only {sorted(row)}")
+        return None
+    if all(_formattable(row[f]) for f in fields):  # the common case, at the speed of str.format
+        return template.format_map({k: ("" if v is None else v) for k, v in row.items()})
+    # A list or dict may still be indexed into text ({turns[0]}): check what is actually formatted.
+    try:
+        return _CHECKED.vformat(template, (), row)
+    except _NotText as err:
+        rows.bad(
+            "not_text",
+            where,
+            f"source.text_template field {err.field!r} holds {_kind(err.value)}, not text or a number: "
+            f"{_preview(err.value)}",
+        )
+        return None
+
+
+def _kind(value: Any) -> str:
+    """'a list', 'a dict', 'bytes', 'an int': the type of a value, in words for an error message."""
+    name = type(value).__name__
+    if name in ("bytes", "bytearray"):
+        return "bytes"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _preview(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def convert(
+    source: SourceConfig, out_dir: Path, *, source_fp: str, writer_batch_size: int, max_shard_size: str
+) -> dict[str, Any]:
+    """Read every row of the source and write its text as a `save_to_disk` folder. Returns the report.
+
+    `source_fp` is `source_fingerprint(source)` taken before (the key this output is stored under);
+    local files that no longer match it raise `DataError` before the dataset is saved (so the
+    store publishes nothing).
+    """
+    started = time.perf_counter()
+    rows = Rows(source)
+    read: list[FileRead] = []
+    if source.hub is not None:
+        located: Iterator[tuple[str, dict[str, Any]]] = hub_rows(source, rows, writer_batch_size)
+        files = [source.hub]
+    else:
+        paths = source_files(source)
+        files = [str(p) for p in paths]
+        located = (item for p in paths for item in file_rows(p, source, rows, read))
+
+    def batches() -> Iterator[list[str]]:
+        buf: list[str] = []
+        for where, row in located:
+            text = _text_of(row, source, rows, where)
+            if text is None:
+                continue
+            buf.append(text)
+            if len(buf) >= writer_batch_size:
+                yield buf
+                buf = []
+        if source.hub is None:  # the `datasets` fingerprint of a hub dataset is its own affair
+            check_read(source, source_fp, read)
+        if buf:
+            yield buf
+
+    rows_out = write_text_dataset(batches(), out_dir, max_shard_size)
+    return {
+        "rows_in": rows.rows_in,
+        "rows_out": rows_out,
+        "dropped": dict(rows.dropped),
+        "files": len(files),
+        "seconds": round(time.perf_counter() - started, 3),
+    }

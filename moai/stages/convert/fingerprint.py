@@ -1,0 +1,153 @@
+"""How convert knows the bytes it read are the bytes its key describes.
+
+A local source's fingerprint (the root of every key downstream) is, per file, its name, length
+and xxh3-128, combined in file order (`files_fingerprint`). The same `Digest` hashes a file for
+the fingerprint and, through `HashingReader`, while convert parses it; `check_read` refuses to
+publish when the two differ, naming the file when this process took the fingerprint.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from moai.config import SourceConfig
+from moai.errors import DataError
+
+CHUNK_BYTES = 1 << 22
+
+
+class Digest:
+    """xxh3-128 and length of one file's bytes, fed in file order: the same code hashes a file for
+    the fingerprint and while convert reads it, so the two can only differ if the bytes do."""
+
+    def __init__(self) -> None:
+        import xxhash
+
+        self._hash = xxhash.xxh3_128()
+        self.size = 0
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        self._hash.update(chunk)
+        self.size += len(chunk)
+
+    def of(self, path: Path) -> FileRead:
+        return FileRead(str(path), path.name, self.size, self._hash.hexdigest())
+
+
+class FileRead(NamedTuple):
+    path: str
+    name: str
+    size: int
+    digest: str
+
+    def content(self) -> tuple[str, int, str]:
+        return self.name, self.size, self.digest
+
+
+def files_fingerprint(files: list[FileRead]) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    for f in files:
+        h.update(f"{f.name}\0{f.size}\0{f.digest}\0".encode())
+    return f"files:{h.hexdigest()}"
+
+
+def digest_file(path: Path) -> FileRead:
+    digest = Digest()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.of(path)
+
+
+# The per-file digests behind the fingerprints this process took (a few, newest last), so that
+# convert can name the file that changed since; a fingerprint from another process has none here.
+_TAKEN: dict[tuple[str | None, str], list[FileRead]] = {}
+_TAKEN_LOCK = threading.Lock()  # Prefect may run tasks in threads
+
+
+def remember(source_path: str | None, fingerprint: str, files: list[FileRead]) -> None:
+    """Keep the per-file digests behind a fingerprint this process took (a few, newest last)."""
+    with _TAKEN_LOCK:
+        _TAKEN.pop((source_path, fingerprint), None)
+        _TAKEN[(source_path, fingerprint)] = files
+        while len(_TAKEN) > 8:
+            del _TAKEN[next(iter(_TAKEN))]
+
+
+class HashingReader(io.RawIOBase):
+    """A file read once front to back, hashing its bytes as they pass: the digest is of exactly
+    the bytes convert parsed, whatever happens to the file meanwhile."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (the reader owns it: closed by close())
+        self.digest = Digest()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        n = self._file.readinto(buffer)
+        if n:
+            self.digest.update(memoryview(buffer)[:n])
+        return n
+
+    def readall(self) -> bytes:
+        data = self._file.readall()
+        self.digest.update(data)
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def _stat(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def stat_of(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def changed_file(path: Path | str) -> str:
+    return (
+        f"source file {path} changed while convert was reading it (its content no longer matches the "
+        "fingerprint taken at the start); nothing was published — rerun when the file is no longer being written"
+    )
+
+
+def check_read(source: SourceConfig, source_fp: str, read: list[FileRead]) -> None:
+    """Refuse to publish unless the bytes convert read are the bytes `source_fp` fingerprinted:
+    the store keys this output by `source_fp`, and a key must describe exactly what it holds."""
+    if files_fingerprint(read) == source_fp:
+        return
+    with _TAKEN_LOCK:
+        taken = _TAKEN.get((source.path, source_fp))
+    if taken is not None and [f.path for f in taken] != [f.path for f in read]:
+        new = sorted({f.path for f in read} - {f.path for f in taken})
+        gone = sorted({f.path for f in taken} - {f.path for f in read})
+        raise DataError(
+            f"source.path {source.path!r} matched {len(taken)} file(s) at the start and {len(read)} when convert "
+            f"read them (new: {new or 'none'}; gone: {gone or 'none'}); nothing was published — rerun when the "
+            "files are no longer being written"
+        )
+    if taken is not None:
+        changed = [now.path for now, then in zip(read, taken, strict=True) if now.content() != then.content()]
+        raise DataError(changed_file(changed[0]))
+    if len(read) == 1:
+        raise DataError(changed_file(read[0].path))
+    # The fingerprint came from another process: which file differs cannot be told, only that one does.
+    raise DataError(
+        f"source.path {source.path!r}: one of its {len(read)} files changed while convert was reading them "
+        "(their content no longer matches the fingerprint taken at the start); nothing was published — rerun "
+        "when the files are no longer being written"
+    )

@@ -1,0 +1,264 @@
+"""convert's readers: the rows of each local format and of a hub dataset, and bad-row routing.
+
+Each reader yields (where, row) pairs, `where` naming the file and line or row for messages.
+Sequentially read files go through `HashingReader`, so what was parsed is what is hashed.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import io
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from moai.config import SourceConfig, template_fields
+from moai.errors import DataError
+from moai.stages.convert.fingerprint import (
+    CHUNK_BYTES,
+    FileRead,
+    HashingReader,
+    changed_file,
+    digest_file,
+    stat_of,
+)
+
+log = logging.getLogger(__name__)
+
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "txt"}
+
+
+def source_files(source: SourceConfig) -> list[Path]:
+    """The local files `source.path` names, sorted; a clear error if it names none we can read."""
+    assert source.path is not None, "source_files is for a local source (source.path)"
+    pattern = str(Path(source.path).expanduser())
+    matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    if not matches:
+        raise DataError(f"source.path {source.path!r} matches no files (working directory: {Path.cwd()})")
+    unknown = [p for p in matches if p.suffix.lower() not in FORMATS]
+    if unknown:
+        raise DataError(
+            f"source.path {source.path!r}: cannot read {unknown[0]} (extension {unknown[0].suffix!r}); "
+            f"supported: {', '.join(sorted(FORMATS))}"
+        )
+    return matches
+
+
+@functools.lru_cache(maxsize=4)
+def load_hub(name: str, subset: str | None, split: str, trust_remote_code: bool):
+    import datasets
+
+    kwargs = {"trust_remote_code": True} if trust_remote_code else {}
+    if trust_remote_code:
+        log.warning("source.trust_remote_code is on: %s may run code from the hub on this machine", name)
+    try:
+        return datasets.load_dataset(name, subset, split=split, **kwargs)
+    except Exception as err:  # offline, unknown name, bad split: all end up here, named
+        raise DataError(
+            f"cannot load hub dataset {name!r} (subset={subset!r}, split={split!r}): {type(err).__name__}: {err}. "
+            "If this machine is offline, download it where you have network "
+            f"(datasets.load_dataset({name!r}).to_json('data/{name.split('/')[-1]}.jsonl')), "
+            "copy the files here and set source.path to them instead of source.hub."
+        ) from err
+
+
+class Rows:
+    """Counts and routes bad rows: raise naming the place, or skip and count the reason."""
+
+    def __init__(self, source: SourceConfig):
+        self.source = source
+        self.dropped: Counter[str] = Counter()
+        self.rows_in = 0
+
+    def bad(self, reason: str, where: str, detail: str) -> None:
+        if self.source.on_bad_rows == "skip":
+            self.dropped[reason] += 1
+            if self.dropped[reason] <= 3:
+                log.warning("skipping %s: %s (%s)", where, reason, detail)
+            return
+        raise DataError(f"{where}: {detail} (set source.on_bad_rows: skip to skip and count such rows)")
+
+
+def _json_lines(f: BinaryIO, path: Path, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    for lineno, raw in enumerate(f, 1):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            rows.rows_in += 1
+            rows.bad("invalid_utf8", where, f"invalid UTF-8 at byte {err.start} of the line")
+            continue
+        if not line.strip():
+            continue
+        rows.rows_in += 1
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            rows.bad("bad_json", where, f"malformed JSON: {err.msg} at column {err.colno}")
+            continue
+        if not isinstance(obj, dict):
+            rows.bad("not_an_object", where, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        yield where, obj
+
+
+def _json_file(f: io.BufferedReader[HashingReader], path: Path, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    head = f.peek(4096)[:4096].lstrip()  # peek: the bytes stay in the stream, read (and hashed) once
+    if not head.startswith(b"["):
+        yield from _json_lines(f, path, rows)
+        return
+    try:
+        items = json.loads(f.read().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: invalid UTF-8 at byte {err.start}") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: malformed JSON: {err.msg} at column {err.colno}") from None
+    for i, obj in enumerate(items):
+        rows.rows_in += 1
+        where = f"{path}[{i}]"
+        if not isinstance(obj, dict):
+            rows.bad("not_an_object", where, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        yield where, obj
+
+
+def _arrow_batches(path: Path, data: Path | BinaryIO, kind: str, columns: list[str] | None):
+    """Record batches of `data`: the parquet file's path (read by random access) or the CSV's stream."""
+    import pyarrow as pa
+
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(data)
+            names = pf.schema_arrow.names
+            _check_columns(path, names, columns)
+            yield from pf.iter_batches(batch_size=10_000, columns=columns)
+        else:
+            import pyarrow.csv as pcsv
+
+            # Declared string, so invalid UTF-8 fails here instead of arriving as binary.
+            types = {c: pa.string() for c in columns or []}
+            reader = pcsv.open_csv(data, convert_options=pcsv.ConvertOptions(column_types=types))
+            _check_columns(path, reader.schema.names, columns)
+            yield from reader
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        msg = str(err)
+        hint = " (invalid UTF-8?)" if "utf8" in msg.lower() or "utf-8" in msg.lower() else ""
+        raise DataError(f"{path}: cannot read as {kind}{hint}: {msg}") from None
+
+
+def _check_columns(path: Path, names: list[str], needed: list[str] | None) -> None:
+    missing = [c for c in needed or [] if c not in names]
+    if missing:
+        raise DataError(f"{path}: no column(s) {missing}; columns here: {names}")
+
+
+def needed_fields(source: SourceConfig) -> list[str]:
+    if source.text_field is not None:
+        return [source.text_field]
+    assert source.text_template is not None  # SourceConfig sets text_field when no template is given
+    return template_fields(source.text_template)
+
+
+def _table_rows(
+    path: Path, data: Path | BinaryIO, kind: str, source: SourceConfig, rows: Rows
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    first = 0
+    for batch in _arrow_batches(path, data, kind, needed_fields(source)):
+        for i, obj in enumerate(batch.to_pylist()):
+            rows.rows_in += 1
+            yield f"{path}:row {first + i}", obj
+        first += batch.num_rows
+
+
+# The end of a paragraph: its last line break and one or more blank lines (empty, or only spaces
+# and tabs), with \n or \r\n endings alike.
+_BLANK_LINES = re.compile(r"\r?\n(?:[ \t]*\r?\n)+")
+
+
+def _lines(text: str) -> list[str]:
+    r"""The lines of a text file: ended by \n or \r\n only.
+
+    Not `str.splitlines`, which also breaks at \f, \v, \x1c-\x1e, \x85, U+2028 and U+2029:
+    characters that occur inside real lines (page breaks in code, NEL in legacy text).
+    """
+    *ended, last = text.split("\n")
+    lines = [line[:-1] if line.endswith("\r") else line for line in ended]
+    if last:  # text after the last \n is a line; the \n that ends the file starts none
+        lines.append(last)
+    return lines
+
+
+def _txt_rows(f: BinaryIO, path: Path, source: SourceConfig, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+    data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        rows.rows_in += 1
+        rows.bad("invalid_utf8", f"{path}:{line}", f"invalid UTF-8 at byte {err.start} of the file")
+        return
+    if source.txt_sample_by == "document":
+        pieces = [text]
+    elif source.txt_sample_by == "paragraph":
+        pieces = [p for p in _BLANK_LINES.split(text) if p.strip()]
+    else:
+        pieces = _lines(text)
+    for i, piece in enumerate(pieces):
+        rows.rows_in += 1
+        yield f"{path}:{i + 1}", {"text": piece}
+
+
+def file_rows(
+    path: Path, source: SourceConfig, rows: Rows, read: list[FileRead]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rows of one file; once they are all out, what was read of it is appended to `read`."""
+    kind = FORMATS[path.suffix.lower()]
+    if kind == "parquet":
+        yield from _parquet_rows(path, source, rows, read)
+        return
+    with io.BufferedReader(HashingReader(path), CHUNK_BYTES) as f:
+        if kind == "jsonl":
+            yield from _json_lines(f, path, rows)
+        elif kind == "json":
+            yield from _json_file(f, path, rows)
+        elif kind == "txt":
+            yield from _txt_rows(f, path, source, rows)
+        else:
+            yield from _table_rows(path, f, kind, source, rows)
+        # Every reader above reads to the end; had one stopped early, the digest would not match
+        # and convert would refuse to publish rather than trust it.
+        read.append(f.raw.digest.of(path))
+
+
+def _parquet_rows(
+    path: Path, source: SourceConfig, rows: Rows, read: list[FileRead]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    # Parquet is read by random access, so its bytes cannot be hashed as they pass: hash the file
+    # again after reading it, and make sure it was neither written nor replaced in between.
+    before = stat_of(path)
+    yield from _table_rows(path, path, "parquet", source, rows)
+    after = digest_file(path)
+    if stat_of(path) != before:
+        raise DataError(changed_file(path))
+    read.append(after)
+
+
+def hub_rows(source: SourceConfig, rows: Rows, batch_size: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    ds = load_hub(source.hub, source.subset, source.split, source.trust_remote_code)
+    missing = [c for c in needed_fields(source) if c not in ds.column_names]
+    if missing:
+        raise DataError(f"hub dataset {source.hub!r}: no column(s) {missing}; columns: {ds.column_names}")
+    i = 0
+    for batch in ds.iter(batch_size=batch_size):
+        keys = list(batch)
+        for values in zip(*batch.values(), strict=True):
+            rows.rows_in += 1
+            yield f"{source.hub}[{i}]", dict(zip(keys, values, strict=True))
+            i += 1
