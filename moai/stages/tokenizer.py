@@ -10,6 +10,7 @@ saved with `save_pretrained` so `AutoTokenizer.from_pretrained` opens it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -51,8 +52,9 @@ def build(ctx, out: Path) -> dict[str, Any]:
 def info_of(config: PipelineConfig, published: Path | str, key: str) -> TokenizerInfo:
     """The `TokenizerInfo` of the tokenizer stage's output (what the tokenize workers need)."""
     tcfg = config.tokenizer
-    loaded = load_tokenizer(str(published), tcfg.trust_remote_code and tcfg.train is None)
-    return describe(loaded, tcfg.path or str(published), key, path=str(published))
+    trust = tcfg.trust_remote_code and tcfg.train is None
+    info = describe(load_tokenizer(str(published), trust), tcfg.path or str(published), key, path=str(published))
+    return dataclasses.replace(info, trust_remote_code=trust)
 
 
 EOS = "<|endoftext|>"
@@ -76,6 +78,7 @@ class TokenizerInfo:
     warnings: list[str] = field(default_factory=list)
     split_special_tokens: bool = False  # tokenizer_config.json: special-token text is plain text
     path: str = ""  # the folder transformers loads it from (the reference ids come from there)
+    trust_remote_code: bool = False  # how that folder must be loaded (tokenizer.trust_remote_code)
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):

@@ -48,3 +48,17 @@ def test_unreachable_hub_tokenizer_is_a_clear_error(tmp_path):
     )
     assert out.returncode != 0
     assert "TokenizerError: cannot load tokenizer 'nobody/no-such-tokenizer-xyz'" in out.stderr
+
+
+def test_the_reference_is_loaded_as_the_config_says(tmp_path, tokenizer_dir):
+    """tokenize compares with transformers loading the stored copy the same way the config loads
+    the tokenizer (trust_remote_code included), or a remote-code tokenizer could not be checked."""
+    from conftest import config_dict
+    from moai.config import parse_config
+    from moai.stages.tokenizer import info_of
+
+    for trust in (False, True):
+        cfg = parse_config(
+            config_dict(tmp_path, tmp_path / "c.jsonl", {"path": str(tokenizer_dir), "trust_remote_code": trust})
+        )
+        assert info_of(cfg, tokenizer_dir, "k").trust_remote_code is trust

@@ -40,7 +40,7 @@ Reference = Callable[[list[str]], list[list[int]]]
 
 def transformers_reference(info: TokenizerInfo) -> Reference:
     """`tokenizer(texts)["input_ids"]` of the tokenizer as transformers loads it: the ids we must match."""
-    tok = load_tokenizer(info.path)
+    tok = load_tokenizer(info.path, info.trust_remote_code)
     return lambda texts: tok(texts, verbose=False)["input_ids"] if texts else []
 
 
