@@ -25,4 +25,12 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 .venv/bin/python -m pip install -q -e ".${extras}"
+# Create Prefect's local database now: on a machine without one, the temporary server that
+# `python flows/pretrain.py` starts runs the migrations first and misses Prefect's 20 s start-up
+# limit ("Timed out while attempting to connect to ephemeral Prefect API server").
+if .venv/bin/prefect server database upgrade -y >/dev/null 2>&1; then
+  echo "Prefect's local database is ready (${PREFECT_HOME:-~/.prefect})"
+else
+  echo "warning: could not create Prefect's local database; the first flow run may time out starting its server" >&2
+fi
 echo "moai installed in .venv"
