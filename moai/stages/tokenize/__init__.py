@@ -68,6 +68,7 @@ from moai.stages.tokenize.parts import (
     encode_parts,
     part_ranges,
     plan_parts,
+    store_counts,
     token_dtype,
     write_store_meta,
 )
@@ -189,21 +190,14 @@ def tokenize(
         clear_encoder()  # drop this process's tokenizer and table maps (inline mode)
 
     seconds = time.perf_counter() - started
-    splits = write_store_meta(info, out_dir, results)
-    num_tokens = sum(s["num_tokens"] for s in splits.values())
+    counts = store_counts(write_store_meta(info, out_dir, results), results)
     own_mb, workers_mb = _peak_rss_mb()
     return {
-        "rows_in": total_docs,
-        "rows_out": total_docs,
-        "documents": total_docs,
-        "tokens": num_tokens,
-        "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
+        **counts,
         "seconds": round(seconds, 3),
-        "tokens_per_s": round(num_tokens / seconds, 1) if seconds > 0 else None,
+        "tokens_per_s": round(counts["tokens"] / seconds, 1) if seconds > 0 else None,
         "engine": choice.engine,
         "engine_reason": choice.engine_reason,
-        "large_documents": sum(r.get("large_documents", 0) for r in results),
-        "forced_cuts": sum(r.get("forced_cuts", 0) for r in results),
         "large_documents_whole": choice.pieces_reason,
         "processes": num_proc,
         "threads_per_process": threads_per_proc,

@@ -266,3 +266,17 @@ def write_store_meta(info: TokenizerInfo, out_dir: Path, results: list[dict[str,
     }
     (out_dir / "tokens.json").write_text(json.dumps(meta, indent=2))
     return splits
+
+
+def store_counts(splits: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counts a token store's report gives, from `write_store_meta`'s summary and the parts."""
+    docs = sum(s["num_documents"] for s in splits.values())
+    return {
+        "rows_in": docs,
+        "rows_out": docs,
+        "documents": docs,
+        "tokens": sum(s["num_tokens"] for s in splits.values()),
+        "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
+        "large_documents": sum(r.get("large_documents", 0) for r in results),
+        "forced_cuts": sum(r.get("forced_cuts", 0) for r in results),
+    }

@@ -20,7 +20,7 @@ from typing import Any
 from moai.config import ConfigError
 from moai.errors import DataError
 from moai.stages.tokenize.engine import choose_encoder, clear_encoder, init_encoder
-from moai.stages.tokenize.parts import SPLITS, PartJob, encode_parts, plan_parts, write_store_meta
+from moai.stages.tokenize.parts import SPLITS, PartJob, encode_parts, plan_parts, store_counts, write_store_meta
 from moai.stages.tokenizer import TokenizerInfo
 from moai.store import Store
 
@@ -134,19 +134,10 @@ def merge(
             | {k: report.get(k, 0) for k in ("large_documents", "forced_cuts")}
         )
         engines.add(report["engine"])
-    splits = write_store_meta(info, out_dir, results)
-    tokens = sum(s["num_tokens"] for s in splits.values())
-    docs = sum(s["num_documents"] for s in splits.values())
     return {
-        "rows_in": docs,
-        "rows_out": docs,
-        "documents": docs,
-        "tokens": tokens,
-        "splits": {k: {"documents": v["num_documents"], "tokens": v["num_tokens"]} for k, v in splits.items()},
+        **store_counts(write_store_meta(info, out_dir, results), results),
         "parts": len(jobs),
         "engine": "+".join(sorted(engines)),
-        "large_documents": sum(r["large_documents"] for r in results),
-        "forced_cuts": sum(r["forced_cuts"] for r in results),
         "merged": True,
         "seconds": round(time.perf_counter() - started, 3),
         "warnings": info.warnings,
