@@ -47,11 +47,33 @@ def _plan_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_stages(result: dict) -> None:
+    """The per-stage summary on stderr: built or reused, rows in → out, dropped by reason, seconds."""
+    from moai.report import stage_table
+
+    for line in stage_table(result.get("stages", {})):
+        print(f"moai: {line}", file=sys.stderr, flush=True)
+
+
+def _quiet_progress() -> None:
+    """--no-progress: no bars from datasets, transformers or the hub, here and in the training
+    processes (they inherit the environment)."""
+    import os
+
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()
+
+
 def _prepare_cmd(args: argparse.Namespace) -> int:
     from moai.pipeline import prepare
 
     config = resolve_config(args.config)
     result = prepare(config, progress=not args.no_progress)
+    _print_stages(result)
     print(json.dumps(result))
     return 0
 
@@ -75,6 +97,7 @@ def _train_cmd(args: argparse.Namespace) -> int:
         data["train"].update(overrides)
         config = parse_config(data, origin=f"{args.config} with {overrides}")
     prepared = prepare(config, progress=not args.no_progress)
+    _print_stages(prepared)
     try:
         last = launch_training(config, prepared, on_line=lambda line: print(line, flush=True))
     except TrainingFailed as err:
@@ -87,6 +110,14 @@ def _train_cmd(args: argparse.Namespace) -> int:
 def _shard_cmd(args: argparse.Namespace) -> int:
     from moai.pipeline import tokenize_shard
 
+    # Decided before any stage runs: a bad index would otherwise fail only after the stages before tokenize.
+    if args.num_shards < 1:
+        raise ConfigError(f"--num-shards {args.num_shards}: must be at least 1")
+    if not 0 <= args.shard_index < args.num_shards:
+        raise ConfigError(
+            f"--shard-index {args.shard_index} is out of range for --num-shards {args.num_shards}: "
+            f"use 0 to {args.num_shards - 1} (Slurm: --array=0-{args.num_shards - 1})"
+        )
     print(json.dumps(tokenize_shard(resolve_config(args.config), args.shard_index, args.num_shards)))
     return 0
 
@@ -94,7 +125,11 @@ def _shard_cmd(args: argparse.Namespace) -> int:
 def _merge_cmd(args: argparse.Namespace) -> int:
     from moai.pipeline import merge
 
-    print(json.dumps(merge(resolve_config(args.config), args.num_shards)))
+    if args.num_shards is not None and args.num_shards < 1:
+        raise ConfigError(f"--num-shards {args.num_shards}: must be at least 1")
+    result = merge(resolve_config(args.config), args.num_shards)
+    _print_stages(result)
+    print(json.dumps(result))
     return 0
 
 
@@ -167,20 +202,70 @@ def _cache_verify_cmd(args: argparse.Namespace) -> int:
     return 1 if counts[DAMAGED] else 0
 
 
+def environment_error(err: OSError) -> str | None:
+    """One line for a fault of the machine (permissions, read-only or full disk), naming the path
+    and the fix; None for any other OSError (a bug of moai's: its traceback is kept)."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    where = err.filename or "a file moai writes"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = ""
+        if err.filename:
+            folder = next((p for p in Path(err.filename).resolve().parents if p.exists()), None)
+            if folder is not None:
+                free = f" ({shutil.disk_usage(folder).free / 1e9:.2f} GB free there now)"
+        return (
+            f"no space left writing {where}{free}: free disk space or move cache_dir (or train.output_dir) "
+            "to a bigger disk; nothing half-written is kept, rerun to continue"
+        )
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        what = "read-only file system" if err.errno == errno.EROFS else "permission denied"
+        return f"{what}: {where}: make it writable, or set cache_dir (or train.output_dir) to a folder you can write"
+    return None
+
+
+EXAMPLES = {
+    "plan": "examples:\n  moai plan tiny\n  moai plan examples/quickstart.yaml",
+    "prepare": "examples:\n  moai prepare examples/quickstart.yaml\n"
+    "  moai prepare my.yaml --no-progress | tail -1 | jq .token_store",
+    "train": "examples:\n  moai train examples/quickstart.yaml\n"
+    "  moai train my.yaml --num-machines 2 --machine-rank 0 --main-process-ip 10.0.0.1 --main-process-port 29500",
+    "tokenize-shard": "examples:\n  moai tokenize-shard my.yaml --shard-index 0 --num-shards 32\n"
+    "  moai tokenize-shard my.yaml --shard-index $SLURM_ARRAY_TASK_ID --num-shards 32   # sbatch --array=0-31",
+    "merge": "examples:\n  moai merge my.yaml --num-shards 32",
+    "export-webdataset": "examples:\n  moai export-webdataset my.yaml --out /data/wds --shard-size 256MB\n"
+    "  moai export-webdataset my.yaml --out /data/wds-val --split validation",
+    "doctor": "examples:\n  moai doctor\n  moai doctor examples/quickstart.yaml",
+    "cache": "examples:\n  moai cache verify\n  moai cache verify my.yaml",
+}
+
+
+def _add_parser(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand with its examples under its --help."""
+    return sub.add_parser(
+        name, epilog=EXAMPLES.get(name), formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    from moai import __version__
+
+    parser.add_argument("--version", action="version", version=f"moai {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plan", help="print the resolved config and hardware plan")
+    p = _add_parser(sub, "plan", help="print the resolved config and hardware plan")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.set_defaults(func=_plan_cmd)
-    p = sub.add_parser("prepare", help="run the data stages")
+    p = _add_parser(sub, "prepare", help="run the data stages")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_prepare_cmd)
-    p = sub.add_parser("train", help="run the data stages, then accelerate launch the training")
+    p = _add_parser(sub, "train", help="run the data stages, then accelerate launch the training")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--num-machines", type=int, help="override train.num_machines (multi-node)")
@@ -188,25 +273,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--main-process-ip", help="override train.main_process_ip: the rank-0 node")
     p.add_argument("--main-process-port", type=int, help="override train.main_process_port")
     p.set_defaults(func=_train_cmd)
-    p = sub.add_parser("tokenize-shard", help="one unit of the tokenize stage (Slurm array task); safe to rerun")
+    p = _add_parser(sub, "tokenize-shard", help="one unit of the tokenize stage (Slurm array task); safe to rerun")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
-    p.add_argument("--shard-index", type=int, required=True)
-    p.add_argument("--num-shards", type=int, required=True)
+    p.add_argument("--shard-index", type=int, required=True, help="this unit, 0 to NUM_SHARDS-1")
+    p.add_argument(
+        "--num-shards", type=int, required=True, help="how many units the tokenize stage is cut into (the same for all)"
+    )
     p.set_defaults(func=_shard_cmd)
-    p = sub.add_parser("merge", help="publish the token store from all tokenize-shard units, then pack")
+    p = _add_parser(sub, "merge", help="publish the token store from all tokenize-shard units, then pack")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--num-shards", type=int, help="to name the shards that still have to run")
     p.set_defaults(func=_merge_cmd)
-    p = sub.add_parser("export-webdataset", help="write packed samples as WebDataset tar shards")
+    p = _add_parser(sub, "export-webdataset", help="write packed samples as WebDataset tar shards")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--out", required=True, help="an empty folder for shard-00000.tar, ... and manifest.json")
     p.add_argument("--shard-size", default="256MB", help="largest shard, e.g. 256MB (default)")
-    p.add_argument("--split", default="train", choices=["train", "validation"])
+    p.add_argument(
+        "--split", default="train", choices=["train", "validation"], help="which split's samples (default: train)"
+    )
     p.set_defaults(func=_export_cmd)
-    p = sub.add_parser("doctor", help="check this machine's set-up; non-zero exit on any failure")
+    p = _add_parser(sub, "doctor", help="check this machine's set-up; non-zero exit on any failure")
     p.add_argument("config", nargs="?", help="config file or preset to check the tokenizer and plan of")
     p.set_defaults(func=_doctor_cmd)
-    p = sub.add_parser("cache", help="look after the cache: moai cache verify")
+    p = _add_parser(sub, "cache", help="look after the cache: moai cache verify")
     cache_sub = p.add_subparsers(dest="cache_command", required=True)
     p = cache_sub.add_parser(
         "verify", help="check every published stage output against its manifest; exit 1 if any is damaged"
@@ -230,10 +319,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     # A SIGTERM (scheduler, `kill`) unwinds like Ctrl-C, so a running launch takes its process group down.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if getattr(args, "no_progress", False):
+        _quiet_progress()
     try:
         return args.func(args)
     except MoaiError as err:
         print(f"moai: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        line = environment_error(err)
+        if line is None:
+            raise
+        logging.getLogger("moai").debug("environment error", exc_info=True)
+        print(f"moai: error: {line}", file=sys.stderr)
         return 2
 
 

@@ -216,7 +216,13 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
         "num_documents": tokens.report["documents"],
         "num_samples": packed.report["samples"] if packed else None,
         "stages": {
-            name: {"key": r.key, "built": r.built, "seconds": r.report.get("seconds")} for name, r in results.items()
+            name: {"key": r.key, "built": r.built}
+            | {
+                k: r.report[k]
+                for k in ("rows_in", "rows_out", "dropped", "tokens", "samples", "seconds")
+                if k in r.report
+            }
+            for name, r in results.items()
         },
     }
 

@@ -1,0 +1,40 @@
+"""What a terminal user sees of a finished run: one short line per stage.
+
+`stage_table` is pure: it reads the `stages` part of `moai.pipeline.summary` (built or reused,
+rows in → out, rows dropped by reason, seconds) and returns the lines the CLI prints on stderr,
+so skipped and dropped rows are seen without opening a manifest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _count(n: Any) -> str:
+    return f"{n:,}" if isinstance(n, int) else "-"
+
+
+def stage_table(stages: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per stage: name, built/reused, rows in → out, dropped by reason, seconds."""
+    rows = []
+    for name, s in stages.items():
+        rows_io = f"{_count(s.get('rows_in'))} → {_count(s.get('rows_out'))}" if "rows_in" in s else ""
+        dropped = s.get("dropped") or {}
+        dropped_text = ", ".join(f"{reason} {count:,}" for reason, count in sorted(dropped.items()))
+        seconds = s.get("seconds")
+        # A reused stage took no time now; its seconds are those of the build.
+        when = "built" if s.get("built") else "reused"
+        time_text = f"{seconds:.1f}s" if isinstance(seconds, (int, float)) else ""
+        if not s.get("built") and time_text:
+            time_text = f"(built in {time_text})"
+        made = []
+        if isinstance(s.get("tokens"), int) and name != "pack":
+            made.append(f"{s['tokens']:,} tokens")
+        if isinstance(s.get("samples"), dict):
+            made.append("samples " + ", ".join(f"{split} {n:,}" for split, n in s["samples"].items()))
+        if dropped_text:
+            made.append(f"dropped: {dropped_text}")
+        rows.append((name, when, rows_io, "; ".join(made), time_text))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else [0] * 4
+    shown = [i for i in range(4) if widths[i]] + [4]  # a column empty in every row is left out
+    return ["  ".join(r[i].ljust(widths[i]) if i < 4 else r[i] for i in shown).rstrip() for r in rows]

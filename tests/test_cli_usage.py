@@ -1,0 +1,147 @@
+"""The CLI as a newcomer meets it: --version, help with examples, early argument checks, the
+per-stage summary, --no-progress, machine faults as one line, the README's config as shipped."""
+
+import errno
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PYTHON, config_dict, subprocess_env
+from moai.cli import EXAMPLES, environment_error, main
+from moai.report import stage_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert re.fullmatch(r"moai \d+\.\d+\.\d+\S*\n", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command", sorted(EXAMPLES))
+def test_every_subcommand_help_has_examples_and_every_option_a_help_text(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "examples:\n  moai " + command in text
+    # argparse prints an option's help on its line or, for a long option, on the next one
+    lines = text.split("options:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    for i, line in enumerate(lines):
+        if line.startswith("  -") and not re.search(r"\S  +\S", line.strip()):
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            assert following.startswith(" " * 10), f"{command}: {line.strip()} has no help text"
+
+
+@pytest.mark.parametrize(
+    "index, shards, says",
+    [("4", "4", "--shard-index 4 is out of range for --num-shards 4: use 0 to 3"), ("0", "0", "--num-shards 0")],
+)
+def test_tokenize_shard_arguments_are_checked_before_any_stage(tmp_path, corpus, capsys, index, shards, says):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config_dict(tmp_path, corpus, {"train": {"vocab_size": 400}})))
+    started = time.monotonic()
+    code = main(["tokenize-shard", str(cfg), "--shard-index", index, "--num-shards", shards])
+    assert code == 2
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("moai: error: ") and says in err[0]
+    assert not (tmp_path / "cache").exists()  # no stage ran
+
+
+def test_merge_refuses_zero_shards(tmp_path, corpus, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config_dict(tmp_path, corpus, {"train": {"vocab_size": 400}})))
+    assert main(["merge", str(cfg), "--num-shards", "0"]) == 2
+    assert "moai: error: --num-shards 0: must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
+
+
+def test_stage_table_shows_built_or_reused_rows_dropped_and_seconds():
+    lines = stage_table(
+        {
+            "convert": {
+                "built": True,
+                "rows_in": 3000,
+                "rows_out": 2990,
+                "dropped": {"malformed_json": 10},
+                "seconds": 1.25,
+            },
+            "filter": {"built": False, "rows_in": 2990, "rows_out": 2984, "dropped": {"empty": 6}, "seconds": 0.03},
+            "tokenizer": {"built": True, "seconds": 2.0},
+            "tokenize": {"built": True, "rows_in": 2984, "rows_out": 2984, "tokens": 161699, "seconds": 0.4},
+            "pack": {"built": True, "rows_in": 2984, "rows_out": 631, "samples": {"train": 600, "validation": 31}},
+        }
+    )
+    assert len(lines) == 5
+    assert re.match(r"convert +built +3,000 → 2,990 +dropped: malformed_json 10 +1\.2s$", lines[0])
+    assert re.match(r"filter +reused +2,990 → 2,984 +dropped: empty 6 +\(built in 0\.0s\)$", lines[1])
+    assert "161,699 tokens" in lines[3] and "samples train 600, validation 31" in lines[4]
+
+
+@pytest.mark.parametrize(
+    "err, says",
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/tmp/x/.moai/convert/.tmp-1/data.arrow"), "no space left"),
+        (PermissionError(errno.EACCES, "Permission denied", "/data/cache"), "permission denied: /data/cache"),
+        (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/.moai"), "read-only file system: /mnt/ro/.moai"),
+    ],
+)
+def test_machine_faults_are_one_line_naming_the_path_and_the_fix(err, says):
+    line = environment_error(err)
+    assert line is not None and "\n" not in line
+    assert says in line and "cache_dir" in line
+    if err.errno == errno.ENOSPC:
+        assert "/tmp/x/.moai/convert/.tmp-1/data.arrow" in line and "GB free there now" in line
+
+
+def test_other_os_errors_keep_their_traceback():
+    assert environment_error(OSError(errno.EBADF, "Bad file descriptor")) is None
+
+
+def _readme_config() -> str:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Your data and your tokenizer.*?```yaml\n(.*?)```", readme, flags=re.S)
+    assert block, "README has no config block under 'Your data and your tokenizer'"
+    return block.group(1)
+
+
+def test_readme_config_is_the_shipped_example_and_names_files_that_exist():
+    text = _readme_config()
+    assert text == (ROOT / "examples" / "quickstart.yaml").read_text()
+    config = yaml.safe_load(text)
+    assert sorted(ROOT.glob(config["source"]["path"]))
+    assert (ROOT / config["tokenizer"]["path"] / "tokenizer.json").is_file()
+    assert (ROOT / config["train"]["model_config"]).is_file()
+
+
+def test_runs_folder_is_ignored_by_git():
+    out = subprocess.run(["git", "check-ignore", "runs/my-run/metrics.jsonl"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, "runs/ is not git-ignored"
+
+
+@pytest.mark.slow
+def test_readme_config_prepares_as_pasted_with_a_summary_and_no_bars(tmp_path):
+    """The README's config, pasted into my.yaml in a copy of the repository's examples: prepare
+    runs, prints one summary line per stage, and --no-progress leaves no progress bar."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    (tmp_path / "my.yaml").write_text(_readme_config())
+    out = subprocess.run(
+        [PYTHON, "-m", "moai.cli", "prepare", "my.yaml", "--no-progress"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Saving the dataset" not in out.stderr and "it/s" not in out.stderr
+    summary = [line for line in out.stderr.splitlines() if re.match(r"moai: \w+ +(built|reused) ", line)]
+    assert [line.split()[1] for line in summary] == ["convert", "filter", "save", "tokenizer", "tokenize", "pack"]
+    assert "dropped: empty 6" in out.stderr  # the example data has 6 empty texts, counted where users see them
