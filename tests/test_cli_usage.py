@@ -145,3 +145,14 @@ def test_readme_config_prepares_as_pasted_with_a_summary_and_no_bars(tmp_path):
     summary = [line for line in out.stderr.splitlines() if re.match(r"moai: \w+ +(built|reused) ", line)]
     assert [line.split()[1] for line in summary] == ["convert", "filter", "save", "tokenizer", "tokenize", "pack"]
     assert "dropped: empty 6" in out.stderr  # the example data has 6 empty texts, counted where users see them
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "instruct-jsonl.yaml"])
+def test_local_examples_name_files_that_exist(name):
+    from moai.config import load_config
+
+    config = load_config(ROOT / "examples" / name)
+    assert config.source.path is not None and sorted(ROOT.glob(config.source.path))
+    assert config.tokenizer.path is not None and (ROOT / config.tokenizer.path / "tokenizer.json").is_file()
+    if config.train is not None and isinstance(config.train.model, str):
+        assert (ROOT / config.train.model).is_file()
