@@ -201,3 +201,20 @@ def store_files(root: Path) -> dict[Path, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.name != "_manifest.json"
     }
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path):
+    """No Hugging Face hub: an endpoint that refuses connections at once, empty caches, and no
+    answer remembered from an earlier test (`moai.hub` keeps them for the process)."""
+    from huggingface_hub import constants
+
+    from moai import hub
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    monkeypatch.setattr(hub, "_DOWN", set())
+    hub._head.cache_clear()
+    return tmp_path / "hf-hub"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moai import hub
 from moai.config import PipelineConfig, TokenizerConfig, TokenizerTrainConfig
 from moai.errors import TokenizerError
 from moai.formats.text import open_text, text_batches
@@ -82,11 +83,11 @@ class TokenizerInfo:
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
-    """Load a transformers fast tokenizer from a folder (or the hub) with clear errors."""
-    from transformers import AutoTokenizer
-
-    path = Path(name_or_path).expanduser()
-    if path.exists():
+    """Load a transformers fast tokenizer from a folder (or the hub) with clear errors; a missing
+    folder or an unreachable hub name is a `ConfigError` within seconds (`moai.hub.resolve`)."""
+    where = hub.resolve("tokenizer.path", name_or_path)
+    path = where.path
+    if path is not None:
         if not path.is_dir():
             raise TokenizerError(
                 f"tokenizer.path {name_or_path!r} is a file; give the folder that holds tokenizer.json"
@@ -100,9 +101,11 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
             )
     if trust_remote_code:
         log.warning("tokenizer.trust_remote_code is on: loading %s may run code from it", name_or_path)
+    from transformers import AutoTokenizer
+
     try:
         tok = AutoTokenizer.from_pretrained(
-            str(path) if path.exists() else name_or_path, trust_remote_code=trust_remote_code
+            where.name_or_path, trust_remote_code=trust_remote_code, local_files_only=where.local_files_only
         )
     except Exception as err:
         raise TokenizerError(

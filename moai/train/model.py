@@ -8,8 +8,12 @@ arithmetic, for the MFU in each metrics line.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any
 
+from moai import hub
 from moai.config import ConfigError, TrainConfig
 
 # Dense bf16 peak FLOP/s by GPU name (PaLM/torchtitan MFU convention).
@@ -33,13 +37,53 @@ def attention_kind(t: TrainConfig, cuda: bool, packed: bool) -> str:
     return "flex_attention" if cuda and packed else "sdpa"
 
 
+def model_config_dict(t: TrainConfig) -> tuple[str, dict[str, Any] | None]:
+    """The setting the model's config comes from and that config as a plain dict, read without
+    transformers (importing it takes seconds): the inline dict, a config.json (a file, a folder's,
+    or a hub name's cached copy), or init_from's. None when a hub name's config is not cached.
+    A path that does not exist, an unreachable hub name or a file that is not JSON: `ConfigError`."""
+    if t.mode == "continue":
+        assert t.init_from is not None  # TrainConfig requires it in mode continue
+        setting, value = "train.init_from", t.init_from
+    elif isinstance(t.model, dict):
+        return "train.model_config", dict(t.model)
+    else:
+        assert t.model is not None  # TrainConfig requires model_config in mode pretrain
+        setting, value = "train.model_config", t.model
+    src = hub.resolve(setting, value)
+    if src.path is None:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(value, "config.json")
+        return setting, _read_json(setting, Path(cached)) if isinstance(cached, str) else None
+    file = src.path / "config.json" if src.path.is_dir() else src.path
+    if not file.is_file():
+        raise ConfigError(
+            f"{setting} {value}: no config.json in that folder; give a save_pretrained folder or a config.json file"
+        )
+    return setting, _read_json(setting, file)
+
+
+def _read_json(setting: str, file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{setting} {file}: cannot read it as a JSON model config: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{setting} {file}: a model config is a JSON object, not {type(data).__name__}")
+    return data
+
+
 def build_model(t: TrainConfig, vocab_size: int, tokenizer, attn: str = "sdpa"):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if t.mode == "continue":
         assert t.init_from is not None  # TrainConfig requires it in mode continue
-        model = AutoModelForCausalLM.from_pretrained(t.init_from, attn_implementation=attn, dtype=torch.float32)
+        src = hub.resolve("train.init_from", t.init_from)
+        model = AutoModelForCausalLM.from_pretrained(
+            src.name_or_path, attn_implementation=attn, dtype=torch.float32, local_files_only=src.local_files_only
+        )
         if model.config.vocab_size < vocab_size:
             raise ConfigError(
                 f"train.init_from {t.init_from}: vocab {model.config.vocab_size} < tokenizer's {vocab_size}"
@@ -47,7 +91,8 @@ def build_model(t: TrainConfig, vocab_size: int, tokenizer, attn: str = "sdpa"):
         return model
     assert t.model is not None  # TrainConfig requires model_config in mode pretrain
     if isinstance(t.model, str):
-        cfg = AutoConfig.from_pretrained(t.model)
+        src = hub.resolve("train.model_config", t.model)
+        cfg = AutoConfig.from_pretrained(src.name_or_path, local_files_only=src.local_files_only)
     else:
         spec = dict(t.model)
         model_type = spec.pop("model_type", None)

@@ -115,8 +115,8 @@ def test_offline_hub_error_names_dataset_and_local_way(tmp_path):
         tmp_path,
     )
     assert out.returncode != 0
-    assert "DataError: cannot load hub dataset 'nobody/no-such-dataset-xyz'" in out.stderr
-    assert "set source.path" in out.stderr
+    assert "ConfigError: source.hub nobody/no-such-dataset-xyz: not in the local Hugging Face cache" in out.stderr
+    assert "split='train').to_json(" in out.stderr and "set source.path" in out.stderr
 
 
 def test_filter_counts_each_reason(tmp_path):

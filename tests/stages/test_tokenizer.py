@@ -47,7 +47,8 @@ def test_unreachable_hub_tokenizer_is_a_clear_error(tmp_path):
         "from moai.stages.tokenizer import load_tokenizer\nload_tokenizer('nobody/no-such-tokenizer-xyz')", tmp_path
     )
     assert out.returncode != 0
-    assert "TokenizerError: cannot load tokenizer 'nobody/no-such-tokenizer-xyz'" in out.stderr
+    assert "ConfigError: tokenizer.path nobody/no-such-tokenizer-xyz: no such folder" in out.stderr
+    assert "not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in out.stderr
 
 
 def test_the_reference_is_loaded_as_the_config_says(tmp_path, tokenizer_dir):

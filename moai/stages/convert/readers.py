@@ -51,6 +51,10 @@ def source_files(source: SourceConfig) -> list[Path]:
 
 @functools.lru_cache(maxsize=4)
 def load_hub(name: str, subset: str | None, split: str, trust_remote_code: bool):
+    from moai import hub
+
+    # offline and not cached: one line in seconds, not retries
+    hub.resolve("source.hub", name, "dataset", fix=f"run {hub.dataset_fix(name, subset, split)}")
     import datasets
 
     kwargs = {"trust_remote_code": True} if trust_remote_code else {}
@@ -61,9 +65,7 @@ def load_hub(name: str, subset: str | None, split: str, trust_remote_code: bool)
     except Exception as err:  # offline, unknown name, bad split: all end up here, named
         raise DataError(
             f"cannot load hub dataset {name!r} (subset={subset!r}, split={split!r}): {type(err).__name__}: {err}. "
-            "If this machine is offline, download it where you have network "
-            f"(datasets.load_dataset({name!r}).to_json('data/{name.split('/')[-1]}.jsonl')), "
-            "copy the files here and set source.path to them instead of source.hub."
+            f"If this machine cannot reach the hub, run {hub.dataset_fix(name, subset, split)}."
         ) from err
 
 
