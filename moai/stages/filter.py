@@ -4,10 +4,16 @@ Rules (in this order, first match names the reason): `empty` (nothing but whites
 `too_short` (fewer than `min_chars` characters after stripping), `too_long` (over `max_chars`).
 The masks are computed with Arrow kernels over record batches of the memory-mapped input, so
 memory stays flat and no Python loop runs per row.
+
+Filtering out every row is an error naming the counts and settings, raised before anything is
+published. So is an input without rows: convert no longer publishes one, but an older moai did,
+and `datasets` fails to open it with a bare `IndexError`.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,14 @@ def build(ctx, out: Path) -> dict[str, Any]:
     )
 
 
+# What to change when every row was dropped, by the reasons that dropped them.
+_FIXES = {
+    "too_short": "lower filter.min_chars",
+    "too_long": "raise filter.max_chars",
+    "empty": "check that source.text_field/text_template picks the text",
+}
+
+
 def filter_text(
     cfg: FilterConfig, in_dir: Path, out_dir: Path, *, batch_size: int, max_shard_size: str
 ) -> dict[str, Any]:
@@ -42,6 +56,11 @@ def filter_text(
     import pyarrow.compute as pc
 
     started = time.perf_counter()
+    if not json.loads((in_dir / "state.json").read_text())["_data_files"]:
+        raise DataError(
+            f"filter: the convert output {in_dir} holds 0 documents (an earlier moai published empty outputs); "
+            f"remove it (rm -rf {shlex.quote(str(in_dir))}) and rerun: convert will say why the source gives none"
+        )
     table = open_text(in_dir).data.table
     dropped = {"empty": 0, "too_short": 0, "too_long": 0}
 
@@ -61,9 +80,11 @@ def filter_text(
 
     rows_out = write_text_dataset(kept(), out_dir, max_shard_size)
     if rows_out == 0:
+        counts = ", ".join(f"{reason}: {n}" for reason, n in dropped.items() if n)
+        fixes = [fix for reason, fix in _FIXES.items() if dropped[reason]]
         raise DataError(
-            f"every one of {table.num_rows} rows was filtered out ({dropped}); "
-            f"check source.text_field/text_template and filter.min_chars={cfg.min_chars}"
+            f"filter: every one of {table.num_rows} rows was filtered out ({counts}) with "
+            f"filter.min_chars={cfg.min_chars}, filter.max_chars={cfg.max_chars}; {' or '.join(fixes)}"
         )
     return {
         "rows_in": table.num_rows,

@@ -421,3 +421,85 @@ def test_pipeline_publishes_nothing_when_the_source_changes_during_convert(tmp_p
     rerun = pipeline.run_stage(cfg, "convert", {"source": pipeline.ROOTS["source"](cfg)}, progress=False)
     assert rerun.built and rerun.key == pipeline.key_of(cfg, "convert", {"source": taken})
     assert rerun.report["rows_out"] == 40 and rerun.report["dropped"] == {"missing_field": 1}
+
+
+# -- an empty source, a lone surrogate, multi-line CSV fields, a literal path ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, data, kw, why",
+    [
+        ("empty.jsonl", b"", {}, "the file is empty"),
+        ("blank.jsonl", b"\n  \n\r\n", {}, "only blank lines"),
+        ("empty.json", b"", {}, "the file is empty"),
+        ("array.json", b" [ ]\n", {}, "no objects: an empty array or only blank lines"),
+        ("empty.csv", b"", {}, "the file is empty"),
+        ("header.csv", b"text,id\n", {}, "a header and no rows"),
+        ("empty.txt", b"", {}, "the file is empty"),
+        ("blank.txt", b"\n \n\t\n", {"txt_sample_by": "paragraph"}, "only blank lines"),
+    ],
+)
+def test_a_source_without_rows_is_an_error_not_an_empty_output(tmp_path, name, data, kw, why):
+    f = tmp_path / name
+    f.write_bytes(data)
+    with pytest.raises(DataError, match=rf"^convert: {f} gave 0 documents \({why}\); check source\.path$"):
+        run(src(f, **kw), tmp_path)
+
+
+def test_a_parquet_of_zero_rows_and_several_empty_files_are_named(tmp_path):
+    p = tmp_path / "none.parquet"
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), p)
+    with pytest.raises(DataError, match=r"none\.parquet gave 0 documents \(the table has 0 rows\)"):
+        run(src(p), tmp_path)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.jsonl").write_text("")
+    (d / "b.jsonl").write_text("\n")
+    with pytest.raises(
+        DataError,
+        match=rf"^convert: source\.path '{d}/\*' \(2 files\) gave 0 documents \({d}/a\.jsonl: the file is empty; "
+        rf"{d}/b\.jsonl: only blank lines\); check source\.path$",
+    ):
+        run(src(d / "*"), tmp_path)
+    # An empty file among others is no error: it adds no rows.
+    write_jsonl(d / "c.jsonl", [{"text": "one"}])
+    (d / "e.csv").write_text("")
+    report, texts = run(src(d / "*"), tmp_path)
+    assert texts == ["one"] and report["files"] == 4
+
+
+def test_every_row_skipped_as_bad_is_an_error_with_the_counts(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"text": broken}\n{"body": "x"}\n[1]\n{"oops"\n')
+    with pytest.raises(
+        DataError,
+        match=rf"^convert: {f} gave 0 documents: every one of its 4 rows was bad and skipped by "
+        r"source\.on_bad_rows: skip \(bad_json: 2, missing_field: 1, not_an_object: 1\); fix the data",
+    ):
+        run(src(f, on_bad_rows="skip"), tmp_path)
+
+
+def test_an_empty_source_publishes_nothing_and_fails_the_same_way_again(tmp_path):
+    f = tmp_path / "data" / "empty.jsonl"
+    f.parent.mkdir()
+    f.write_bytes(b"")
+    cfg = parse_config(config_dict(tmp_path, f, {"train": {"vocab_size": 300}}))
+    message = rf"^convert: {f} gave 0 documents \(the file is empty\); check source\.path$"
+    for _ in range(2):  # before, the rerun met the published empty output and failed inside datasets
+        with pytest.raises(DataError, match=message):
+            pipeline.prepare(cfg, progress=False)
+        convert_dir = tmp_path / "cache" / "convert"
+        assert [p.name for p in convert_dir.iterdir() if not p.name.startswith(".")] == []
+        assert not (tmp_path / "cache" / "filter").exists()
+
+
+def test_the_cli_says_an_empty_source_in_one_line(tmp_path, capsys):
+    from moai import cli
+
+    f = tmp_path / "empty.jsonl"
+    f.write_bytes(b"")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config_dict(tmp_path, f, {"train": {"vocab_size": 300}})))
+    assert cli.main(["prepare", str(cfg), "--no-progress"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("moai: error:")]
+    assert errors == [f"moai: error: convert: {f} gave 0 documents (the file is empty); check source.path"]

@@ -19,6 +19,10 @@ bool it would format is a bad row too. With `source.on_bad_rows: error` (the def
 bad row stops convert with a `DataError` naming its file and line or row; with `skip` bad rows
 are skipped and counted by reason in the report's `dropped`.
 
+An output without a document is an error, not a published empty folder (which would only fail
+later, in the filter): empty files, files of blank lines or only a header, a hub split with no
+rows, or every row bad and skipped each raise a `DataError` saying which.
+
 The store keeps convert's output under a key chained from `source_fingerprint`, taken before
 convert runs (each local file's name, length and xxh3-128 of its bytes). convert hashes the bytes
 it parses as it reads them, with the same code (parquet, read by random access, is hashed again
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from moai.config import PipelineConfig, SourceConfig, template_fields
+from moai.errors import DataError
 from moai.formats.text import write_text_dataset
 from moai.stages.convert.fingerprint import FileRead, check_read, digest_file, files_fingerprint, remember
 from moai.stages.convert.readers import FORMATS, Rows, file_rows, hub_rows, load_hub, source_files
@@ -197,6 +202,8 @@ def convert(
             yield buf
 
     rows_out = write_text_dataset(batches(), out_dir, max_shard_size)
+    if rows_out == 0:  # raised inside the build: the store publishes nothing
+        raise DataError(_no_documents(source, rows, read))
     return {
         "rows_in": rows.rows_in,
         "rows_out": rows_out,
@@ -204,3 +211,38 @@ def convert(
         "files": len(files),
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _no_documents(source: SourceConfig, rows: Rows, read: list[FileRead]) -> str:
+    """Why convert gave no document, on one line: nothing to read, or every row bad and skipped."""
+    if source.hub is not None:
+        what = f"hub dataset {source.hub!r} (subset={source.subset!r}, split={source.split!r})"
+    elif len(read) == 1:
+        what = read[0].path
+    else:
+        what = f"source.path {source.path!r} ({len(read)} files)"
+    if rows.rows_in:  # with on_bad_rows: error the first bad row would have stopped convert
+        counts = ", ".join(f"{reason}: {n}" for reason, n in rows.dropped.most_common())
+        return (
+            f"convert: {what} gave 0 documents: every one of its {rows.rows_in} rows was bad and skipped "
+            f"by source.on_bad_rows: skip ({counts}); fix the data or source.text_field/text_template "
+            "(on_bad_rows: error stops at the first bad row, naming its file and line)"
+        )
+    if source.hub is not None:
+        return f"convert: {what} gave 0 documents (it has no rows); check source.split and source.subset"
+    if len(read) == 1:
+        return f"convert: {what} gave 0 documents ({_no_rows(read[0])}); check source.path"
+    why = "; ".join(f"{f.path}: {_no_rows(f)}" for f in read[:3]) + ("; ..." if len(read) > 3 else "")
+    return f"convert: {what} gave 0 documents ({why}); check source.path"
+
+
+def _no_rows(f: FileRead) -> str:
+    """Why a file that was read gave no row, in words."""
+    if f.size == 0:
+        return "the file is empty"
+    kind = FORMATS[Path(f.path).suffix.lower()]
+    return {
+        "csv": "a header and no rows",
+        "parquet": "the table has 0 rows",
+        "json": "no objects: an empty array or only blank lines",
+    }.get(kind, "only blank lines")

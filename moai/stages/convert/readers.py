@@ -232,7 +232,7 @@ def file_rows(
             yield from _json_file(f, path, rows)
         elif kind == "txt":
             yield from _txt_rows(f, path, source, rows)
-        else:
+        elif f.peek(1):  # pyarrow refuses an empty CSV; it has no rows, as an empty .jsonl has none
             yield from _table_rows(path, f, kind, source, rows)
         # Every reader above reads to the end; had one stopped early, the digest would not match
         # and convert would refuse to publish rather than trust it.
