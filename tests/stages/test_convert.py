@@ -503,3 +503,53 @@ def test_the_cli_says_an_empty_source_in_one_line(tmp_path, capsys):
     assert cli.main(["prepare", str(cfg), "--no-progress"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("moai: error:")]
     assert errors == [f"moai: error: convert: {f} gave 0 documents (the file is empty); check source.path"]
+
+
+def test_a_lone_surrogate_is_a_bad_row(tmp_path):
+    # "\ud800" is valid JSON that json.loads turns into a str no UTF-8 can hold; pyarrow failed on it
+    # with a UnicodeEncodeError naming no file, even with on_bad_rows: skip.
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"text": "ok"}\n{"text": "a\\ud800b"}\n{"text": "pair \\ud83d\\ude00"}\n{"text": "\\udfff"}\n')
+    with pytest.raises(
+        DataError,
+        match=r"^.*s\.jsonl:2: source\.text_field 'text' holds a lone surrogate \\ud800 \(a JSON escape without its "
+        r"pair\): not valid Unicode \(set source\.on_bad_rows: skip",
+    ):
+        run(src(f), tmp_path)
+    report, texts = run(src(f, on_bad_rows="skip"), tmp_path)
+    assert texts == ["ok", "pair 😀"]  # an escaped pair is one character, and fine
+    assert report["dropped"] == {"invalid_unicode": 2} and report["rows_in"] == 4 and report["rows_out"] == 2
+
+    arr = tmp_path / "s.json"
+    arr.write_text('[{"text": "ok"}, {"text": "\\uDBFF"}]')
+    with pytest.raises(DataError, match=r"s\.json\[1\]: source\.text_field 'text' holds a lone surrogate \\udbff"):
+        run(src(arr), tmp_path)
+    report, texts = run(src(arr, on_bad_rows="skip"), tmp_path)
+    assert texts == ["ok"] and report["dropped"] == {"invalid_unicode": 1}
+
+
+def test_a_lone_surrogate_in_a_template_field_names_the_field(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        '{"q": "Q", "a": "A", "unused": "\\ud800"}\n'
+        '{"q": "Q", "a": "x\\udc00"}\n'
+        '{"q": "Q", "a": "A", "turns": ["\\ud800"]}\n'
+    )
+    with pytest.raises(DataError, match=r"t\.jsonl:2: field 'a' \(in source\.text_template\) holds a lone surrogate"):
+        run(src(f, text_template="{q}: {a}"), tmp_path)
+    f.write_text('{"q": "Q", "turns": ["ok"]}\n{"q": "Q", "turns": ["\\ud800"]}\n{"q": "Q", "turns": ["ok"]}\n')
+    with pytest.raises(DataError, match=r"t\.jsonl:2: the text of source\.text_template holds a lone surrogate"):
+        run(src(f, text_template="{q}: {turns[0]}"), tmp_path)
+    report, texts = run(src(f, text_template="{q}: {turns[0]}", on_bad_rows="skip"), tmp_path)
+    assert texts == ["Q: ok", "Q: ok"] and report["dropped"] == {"invalid_unicode": 1}
+
+
+def test_invalid_utf8_in_a_parquet_string_column_is_a_bad_row(tmp_path):
+    # Parquet writers need not check UTF-8: to_pylist failed with a UnicodeDecodeError naming no file.
+    p = tmp_path / "u.parquet"
+    text = pa.array([b"ok", b"\xed\xa0\x80", b"caf\xe9", b"fine"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"text": text}), p)
+    with pytest.raises(DataError, match=r"u\.parquet:row 1: invalid UTF-8 at byte 0 of a string column"):
+        run(src(p), tmp_path)
+    report, texts = run(src(p, on_bad_rows="skip"), tmp_path)
+    assert texts == ["ok", "fine"] and report["dropped"] == {"invalid_utf8": 2} and report["rows_in"] == 4

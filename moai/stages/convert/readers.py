@@ -173,10 +173,24 @@ def _table_rows(
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     first = 0
     for batch in _arrow_batches(path, data, kind, needed_fields(source)):
-        for i, obj in enumerate(batch.to_pylist()):
+        try:
+            objs: list[dict[str, Any] | None] = batch.to_pylist()
+        except UnicodeDecodeError:  # parquet writers need not check UTF-8: find the rows, one by one
+            objs = [_decoded(batch.slice(i, 1), f"{path}:row {first + i}", rows) for i in range(batch.num_rows)]
+        for i, obj in enumerate(objs):
             rows.rows_in += 1
-            yield f"{path}:row {first + i}", obj
+            if obj is not None:
+                yield f"{path}:row {first + i}", obj
         first += batch.num_rows
+
+
+def _decoded(row, where: str, rows: Rows) -> dict[str, Any] | None:
+    """The one row of a record batch as a dict, or None (a bad row) if a string in it is not UTF-8."""
+    try:
+        return row.to_pylist()[0]
+    except UnicodeDecodeError as err:
+        rows.bad("invalid_utf8", where, f"invalid UTF-8 at byte {err.start} of a string column")
+        return None
 
 
 # The end of a paragraph: its last line break and one or more blank lines (empty, or only spaces
