@@ -553,3 +553,29 @@ def test_invalid_utf8_in_a_parquet_string_column_is_a_bad_row(tmp_path):
         run(src(p), tmp_path)
     report, texts = run(src(p, on_bad_rows="skip"), tmp_path)
     assert texts == ["ok", "fine"] and report["dropped"] == {"invalid_utf8": 2} and report["rows_in"] == 4
+
+
+def test_csv_fields_with_line_breaks_read_at_any_size(tmp_path):
+    # pyarrow cut CSVs into 1 MiB blocks at bare newlines and failed past the first block
+    # ("consider enabling the option 'newlines_in_values'").
+    import csv
+    import random
+
+    rng = random.Random(0)
+    words = ["data", "모델", "token", '"quoted"', "a,b", "🙂", " x "]
+    breaks = ["\n", "\r\n", "\n\n", "\r\n\r\n", " "]
+    f = tmp_path / "multi.csv"
+    with open(f, "w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out, lineterminator="\r\n")
+        writer.writerow(["id", "text"])
+        i = 0
+        while out.tell() < 2_500_000:
+            text = rng.choice(breaks).join(" ".join(rng.choices(words, k=rng.randint(1, 30))) for _ in range(3))
+            writer.writerow([i, text])
+            i += 1
+    with open(f, newline="", encoding="utf-8") as inp:
+        expected = [row["text"] for row in csv.DictReader(inp)]
+    assert f.stat().st_size > 2 * 2**20 and any("\r\n" in t for t in expected)
+    report, texts = run(src(f), tmp_path)
+    assert report["rows_in"] == len(expected) == i
+    assert list(texts) == expected

@@ -146,7 +146,15 @@ def _arrow_batches(path: Path, data: Path | BinaryIO, kind: str, columns: list[s
 
             # Declared string, so invalid UTF-8 fails here instead of arriving as binary.
             types = {c: pa.string() for c in columns or []}
-            reader = pcsv.open_csv(data, convert_options=pcsv.ConvertOptions(column_types=types))
+            # newlines_in_values: a quoted field may hold line breaks at any size. Without it the
+            # reader cuts 1 MiB blocks at bare newlines and fails on a quoted one crossing a block.
+            # Measured on a 50 MB CSV: the reader alone 1.03x (0.095 s against 0.092 s), convert as a
+            # whole within noise (best of 8: 1.18 s either way).
+            reader = pcsv.open_csv(
+                data,
+                parse_options=pcsv.ParseOptions(newlines_in_values=True),
+                convert_options=pcsv.ConvertOptions(column_types=types),
+            )
             _check_columns(path, reader.schema.names, columns)
             yield from reader
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
