@@ -579,3 +579,15 @@ def test_csv_fields_with_line_breaks_read_at_any_size(tmp_path):
     report, texts = run(src(f), tmp_path)
     assert report["rows_in"] == len(expected) == i
     assert list(texts) == expected
+
+
+def test_a_path_naming_an_existing_file_is_not_read_as_a_glob(tmp_path):
+    f = write_jsonl(tmp_path / "data[1].jsonl", [{"text": "literal"}])
+    _, texts = run(src(f), tmp_path)
+    assert texts == ["literal"]
+    write_jsonl(tmp_path / "data1.jsonl", [{"text": "glob"}])
+    _, texts = run(src(f), tmp_path)  # the existing file wins over what the glob would match
+    assert texts == ["literal"]
+    _, texts = run(src(tmp_path / "data[0-9].jsonl"), tmp_path)  # no such file: a glob
+    assert texts == ["glob"]
+

@@ -34,10 +34,17 @@ FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "
 
 
 def source_files(source: SourceConfig) -> list[Path]:
-    """The local files `source.path` names, sorted; a clear error if it names none we can read."""
+    """The local files `source.path` names, sorted; a clear error if it names none we can read.
+
+    An existing file is taken as named before the path is read as a glob: `data[1].jsonl` is that
+    file, not `data1.jsonl`.
+    """
     assert source.path is not None, "source_files is for a local source (source.path)"
-    pattern = str(Path(source.path).expanduser())
-    matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+    literal = Path(source.path).expanduser()
+    if literal.is_file():
+        matches = [literal]
+    else:
+        matches = sorted(Path(p) for p in glob.glob(str(literal), recursive=True) if Path(p).is_file())
     if not matches:
         raise DataError(f"source.path {source.path!r} matches no files (working directory: {Path.cwd()})")
     unknown = [p for p in matches if p.suffix.lower() not in FORMATS]
