@@ -590,4 +590,3 @@ def test_a_path_naming_an_existing_file_is_not_read_as_a_glob(tmp_path):
     assert texts == ["literal"]
     _, texts = run(src(tmp_path / "data[0-9].jsonl"), tmp_path)  # no such file: a glob
     assert texts == ["glob"]
-
