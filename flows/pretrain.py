@@ -30,7 +30,7 @@ if not __package__:  # run as a script (python flows/pretrain.py) or loaded by p
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows import artifacts
-from moai import pipeline
+from moai import pipeline, preflight
 from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan
 from moai.pipeline import Inputs, StageResult, launch_training, summary
@@ -150,6 +150,7 @@ def pretrain(config: PipelineConfig = TINY) -> dict[str, Any]:
 
 def _pretrain(config: PipelineConfig) -> dict[str, Any]:
     log = get_run_logger()
+    preflight.require(config)  # mistakes decidable from the config: one error before any stage runs
     plan = make_plan(detect(config.cache_dir), config, read_env())
     artifacts.publish_plan(plan)
 

@@ -31,9 +31,12 @@ from moai.presets import resolve_config
 
 
 def _plan_cmd(args: argparse.Namespace) -> int:
+    from moai import preflight
     from moai.hardware import detect, plan
 
     config = resolve_config(args.config)
+    checks = preflight.run(config)
+    preflight.first_failure(checks)  # a mistake is the one `moai: error:` line, exit 2
     hw = detect(config.cache_dir)
     p = plan(hw, config, read_env())
     print("# resolved config")
@@ -44,6 +47,10 @@ def _plan_cmd(args: argparse.Namespace) -> int:
     width = max(len(r["setting"]) for r in p.rows())
     for r in p.rows():
         print(f"{r['setting']:<{width}}  {r['value']:<8}  {r['reason']}")
+    print("# checks")
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"{c.status:<4}  {c.name:<{width}}  {c.detail}" + (f"; fix: {c.fix}" if c.status == "warn" else ""))
     return 0
 
 
@@ -70,8 +77,10 @@ def _quiet_progress() -> None:
 
 def _prepare_cmd(args: argparse.Namespace) -> int:
     from moai.pipeline import prepare
+    from moai.preflight import require
 
     config = resolve_config(args.config)
+    require(config, train=False)
     result = prepare(config, progress=not args.no_progress)
     _print_stages(result)
     print(json.dumps(result))
@@ -81,6 +90,7 @@ def _prepare_cmd(args: argparse.Namespace) -> int:
 def _train_cmd(args: argparse.Namespace) -> int:
     from moai.launch import TrainingFailed
     from moai.pipeline import launch_training, prepare
+    from moai.preflight import require
 
     config = resolve_config(args.config)
     overrides = {
@@ -96,6 +106,7 @@ def _train_cmd(args: argparse.Namespace) -> int:
         data = config.model_dump(mode="json", by_alias=True)
         data["train"].update(overrides)
         config = parse_config(data, origin=f"{args.config} with {overrides}")
+    require(config)
     prepared = prepare(config, progress=not args.no_progress)
     _print_stages(prepared)
     try:

@@ -1,8 +1,9 @@
 """`moai doctor`: is this machine set up to run moai well? Each check prints pass/warn/fail and a fix.
 
 `gather` reads the machine (tokenizer, cores, memory, disk, environment, torch, accelerate,
-Prefect API); `evaluate` is pure and turns those facts into checks, so every decision is tested
-with made-up facts. The exit status is non-zero when any check fails.
+Prefect API) and, given a config, runs its checks (`moai.preflight`: source, hub names,
+cache_dir, space for the corpus, seq_len, validation); `evaluate` is pure and turns those facts
+into checks, so every decision is tested with made-up facts. The exit status is non-zero when any check fails.
 """
 
 from __future__ import annotations
@@ -14,14 +15,9 @@ from typing import Any
 
 from moai.config import ConfigError, PipelineConfig, read_env
 from moai.hardware import Hardware, accelerator_facts, detect, plan
+from moai.preflight import Check
 
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # pass | warn | fail
-    detail: str
-    fix: str = ""
+__all__ = ["Check", "Facts", "evaluate", "gather"]
 
 
 @dataclass
@@ -36,6 +32,8 @@ class Facts:
     prefect_api_url: str | None = None
     prefect_reachable: bool | None = None
     prefect_error: str | None = None
+    # the config's own checks (`moai.preflight`): source, hub names, cache_dir, space, seq_len, ...
+    preflight: list[Check] = field(default_factory=list)
 
 
 ENV_VARS = (
@@ -118,6 +116,7 @@ def evaluate(f: Facts) -> list[Check]:
     else:
         out.append(Check("free space", "pass", f"{hw.disk_free_gb} GB free"))
 
+    out.extend(f.preflight)
     out.extend(_env_checks(f.env, f.env_error, hw.cores))
     out.extend(_torch_checks(f.torch))
 
@@ -242,6 +241,10 @@ def gather(config: PipelineConfig | None) -> Facts:
     if config is not None:
         p = plan(hw, config, env_settings)
         summary = f"{p.num_proc.value} process(es) × {p.threads_per_proc.value} threads, batch {p.batch_size.value}"
+    from moai import preflight
+
+    # tokenizer.path is checked below by loading it (which resolves it first, in seconds)
+    checks = preflight.run(config, tokenizer=False) if config is not None else []
     tok: dict[str, Any] = {"kind": "none"}
     if config is not None and config.tokenizer.train is not None:
         tok = {"kind": "train"}
@@ -274,4 +277,5 @@ def gather(config: PipelineConfig | None) -> Facts:
         prefect_api_url=api,
         prefect_reachable=reachable,
         prefect_error=error,
+        preflight=checks,
     )

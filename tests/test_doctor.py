@@ -87,3 +87,37 @@ def test_doctor_on_this_machine_exits_by_its_failures(tmp_path):
         [PYTHON, "-m", "moai.cli", "doctor", "tiny"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
     )
     assert out.returncode == 0, out.stdout
+
+
+def test_the_configs_checks_are_rows():
+    from moai.preflight import Check
+
+    rows = [
+        Check("cache_dir", "fail", "cache_dir /c is not writable", "make it writable"),
+        Check("source", "pass", "1 file"),
+    ]
+    checks = evaluate(facts(preflight=rows))
+    assert status(checks, "cache_dir") == "fail" and status(checks, "source") == "pass"
+
+
+def test_a_missing_tokenizer_folder_fails_in_seconds(tmp_path, monkeypatch, offline_hub):
+    """Was ~50 s of hub retries ending in "couldn't connect to huggingface.co"."""
+    import time
+
+    from conftest import config_dict, write_jsonl
+    from moai.config import parse_config
+    from moai.doctor import gather
+
+    monkeypatch.chdir(tmp_path)
+    # torch's import (GPU facts) takes seconds of its own on a busy machine: not what is timed here
+    monkeypatch.setattr("moai.doctor.accelerator_facts", lambda: {})
+    monkeypatch.setattr("moai.hardware._gpus", lambda: ())
+    (tmp_path / "tokenizers").mkdir()
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "some words here"}] * 10)
+    config = parse_config(config_dict(tmp_path, corpus, {"path": "tokenizers/my-tokenizer"}))
+    started = time.monotonic()
+    checks = evaluate(gather(config))
+    assert time.monotonic() - started < 5.0
+    (tok,) = [c for c in checks if c.name == "tokenizer"]
+    assert tok.status == "fail" and "tokenizers/my-tokenizer: no such folder" in tok.detail
+    assert status(checks, "source") == "pass" and status(checks, "cache_dir") == "pass"

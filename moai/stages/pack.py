@@ -11,6 +11,7 @@ reported. The index is a pure function of (document offsets, seq_len).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import numpy as np
 from moai.config import PackConfig, PipelineConfig
 from moai.errors import DataError
 from moai.formats.tokens import PACK_FORMAT, TokenStore
+
+log = logging.getLogger(__name__)
 
 NAME = "pack"
 VERSION = 1
@@ -107,6 +110,9 @@ def pack(cfg: PackConfig, store_dir: Path, out_dir: Path, *, store_ref: str) -> 
     }
     (out_dir / "pack.json").write_text(json.dumps(meta, indent=2))
     train = splits["train"]
+    warnings = empty_validation(splits, cfg.seq_len)
+    for w in warnings:
+        log.warning(w)
     return {
         "rows_in": sum(s["documents"] for s in splits.values()),
         "rows_out": sum(s["samples"] for s in splits.values()),
@@ -115,5 +121,18 @@ def pack(cfg: PackConfig, store_dir: Path, out_dir: Path, *, store_ref: str) -> 
         "tokens": sum(s["tokens"] for s in splits.values()),
         "fraction_used": train["fraction_used"],
         "splits": splits,
+        "warnings": warnings,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def empty_validation(splits: dict[str, Any], seq_len: int) -> list[str]:
+    """A validation split with documents but no window: training would silently evaluate nothing."""
+    val = splits.get("validation")
+    if not val or val["documents"] == 0 or val["samples"] > 0:
+        return []
+    return [
+        f"the validation split has {val['documents']} document(s), {val['tokens']} tokens: fewer than one "
+        f"pack.seq_len={seq_len} window, so 0 validation samples and training evaluates nothing; lower "
+        "pack.seq_len, raise split.val_fraction or add data"
+    ]

@@ -1,0 +1,279 @@
+"""Checks before anything runs: what can be decided from the config and the machine in seconds.
+
+`moai plan` prints them, `moai doctor CONFIG` shows them as rows, and `moai prepare`, `moai train`
+and the flow call `require` before the first stage, so a mistake found here costs seconds rather
+than a data preparation and a launch:
+
+- the source: `source.path` matches files, or `source.hub` is a dataset that can be had;
+- `tokenizer.path`, `train.model_config` (a path or hub name) and `train.init_from`: an existing
+  path, or a hub name in the local cache or on a reachable hub (`moai.hub.resolve`);
+- `cache_dir` can be written (a probe file is created and removed);
+- free space on cache_dir's filesystem against the corpus: convert holds the text twice while
+  it runs (source read, Arrow written), and the whole cache ends near 3× the text;
+- `pack.seq_len` is at most the model's `max_position_embeddings`;
+- the validation split is estimated from the corpus size (~`BYTES_PER_TOKEN` bytes a token): a
+  split shorter than one `seq_len` window packs to 0 samples and training evaluates nothing;
+- `train.output_dir` can be resumed with these settings, or is already finished
+  (`moai.train.checkpoint.resume_plan`).
+
+`gather` reads the facts (side effects live there), `evaluate` turns them into checks (pure).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moai.config import PipelineConfig
+from moai.errors import ConfigError, MoaiError
+
+log = logging.getLogger(__name__)
+
+BYTES_PER_TOKEN = 4  # a byte-level BPE on English and code: ~4 bytes a token (fewer on small vocabularies)
+CONVERT_FACTOR = 2  # convert: the source and the Arrow text side by side
+CACHE_FACTOR = 3  # every stage of the cache: text, filtered text, saved text, tokens, index
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # pass | warn | fail
+    detail: str
+    fix: str = ""
+    error: MoaiError | None = field(default=None, compare=False, repr=False)  # what a fail raises
+
+
+@dataclass
+class Facts:
+    """What the checks need to know, read by `gather`."""
+
+    config: PipelineConfig
+    resolved: dict[str, str] = field(default_factory=dict)  # setting → where it was found
+    errors: dict[str, MoaiError] = field(default_factory=dict)  # setting → why it cannot be used
+    corpus_bytes: int | None = None  # local source files, summed
+    num_files: int = 0
+    cache_dir: str = ""
+    cache_write_error: str | None = None
+    free_gb: float | None = None
+    cache_has_entries: bool = False  # something is already built: a rerun may need little space
+    train_checked: bool = False  # the train section was read (model config, resume)
+    model_setting: str = ""
+    model_config: dict[str, Any] | None = None
+    resume: Check | None = None
+
+
+def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True) -> Facts:
+    """Read the facts (paths, hub names, cache_dir, free space, the model config); `tokenizer=False`
+    leaves tokenizer.path to a caller that loads it anyway (`moai doctor`), `train=False` leaves
+    the train section out (`moai prepare` does not train)."""
+    from moai import hub
+    from moai.hardware import detect
+    from moai.stages.convert.readers import source_files
+
+    f = Facts(config=config, cache_dir=str(Path(config.cache_dir).expanduser().resolve()))
+    src = config.source
+    try:
+        if src.hub is not None:
+            f.resolved["source"] = hub.resolve("source.hub", src.hub, "dataset").where
+        else:
+            files = source_files(src)
+            f.num_files, f.corpus_bytes = len(files), sum(p.stat().st_size for p in files)
+    except MoaiError as err:
+        f.errors["source"] = err
+    if tokenizer and config.tokenizer.path is not None:
+        _resolve_into(f, "tokenizer.path", config.tokenizer.path)
+    t = config.train
+    if train and t is not None and t.enabled:
+        f.train_checked = True
+        from moai.train.model import model_config_dict
+
+        try:
+            f.model_setting, f.model_config = model_config_dict(t)
+        except MoaiError as err:
+            f.errors["train.init_from" if t.mode == "continue" else "train.model_config"] = err
+        f.resume = _resume_check(config)
+    f.cache_write_error = _write_probe(Path(f.cache_dir))
+    f.free_gb = detect(f.cache_dir, with_gpus=False).disk_free_gb
+    convert_dir = Path(f.cache_dir) / "convert"
+    f.cache_has_entries = convert_dir.is_dir() and any(convert_dir.glob("*/_manifest.json"))
+    return f
+
+
+def _resolve_into(f: Facts, setting: str, value: str) -> None:
+    from moai import hub
+
+    try:
+        f.resolved[setting] = hub.resolve(setting, value).where
+    except MoaiError as err:
+        f.errors[setting] = err
+
+
+def _write_probe(cache_dir: Path) -> str | None:
+    """Create and remove a file in cache_dir (or in the nearest folder that exists, where cache_dir
+    would be created); the error text when that fails."""
+    folder = cache_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    probe = folder / f".moai-write-probe-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        return f"{type(err).__name__}: {err.strerror or err}"
+    return None
+
+
+def _resume_check(config: PipelineConfig) -> Check | None:
+    """What training will do in train.output_dir (`checkpoint.resume_plan`: reads only the newest
+    checkpoint's state.json): fail when it was made with other settings, warn when it is finished."""
+    from moai.train import checkpoint
+
+    resume_plan = getattr(checkpoint, "resume_plan", None)  # None: a moai without that decision
+    if resume_plan is None:
+        return None
+    try:
+        decided = resume_plan(config)
+    except MoaiError as err:
+        return Check("train.output_dir", "fail", str(err), error=err)
+    if decided.status == "finished":
+        return Check("train.output_dir", "warn", decided.detail, "continue from it in a new train.output_dir")
+    return Check("train.output_dir", "pass", decided.detail)
+
+
+def evaluate(f: Facts) -> list[Check]:
+    """The checks for a set of facts (pure)."""
+    c = f.config
+    out: list[Check] = []
+    out.append(_setting_check(f, "source", _source_detail(f)))
+    if "tokenizer.path" in f.resolved or "tokenizer.path" in f.errors:
+        out.append(_setting_check(f, "tokenizer.path", f"{c.tokenizer.path} ({f.resolved.get('tokenizer.path')})"))
+    if f.train_checked and c.train is not None:
+        setting = "train.init_from" if c.train.mode == "continue" else "train.model_config"
+        out.append(_setting_check(f, setting, f.model_setting and _model_detail(f)))
+    out.append(_cache_dir_check(f))
+    out.extend(_space_checks(f))
+    out.extend(_seq_len_checks(f))
+    if f.resume is not None:
+        out.append(f.resume)
+    return out
+
+
+def _setting_check(f: Facts, name: str, detail: str) -> Check:
+    err = f.errors.get(name)
+    if err is not None:
+        return Check(name, "fail", str(err), error=err)
+    return Check(name, "pass", detail)
+
+
+def _source_detail(f: Facts) -> str:
+    src = f.config.source
+    if src.hub is not None:
+        where = {"cache": "in the local Hugging Face cache", "hub": "on huggingface.co"}.get(
+            f.resolved.get("source", "")
+        )
+        return f"hub dataset {src.hub} {where or 'found'}"
+    return f"{src.path}: {f.num_files} file(s), {_gb(f.corpus_bytes or 0)}"
+
+
+def _model_detail(f: Facts) -> str:
+    if f.model_config is None:
+        return f"{f.model_setting}: a hub name whose config.json is not cached here (checked when training loads it)"
+    mpe = f.model_config.get("max_position_embeddings")
+    kind = f.model_config.get("model_type", "?")
+    return f"{kind} model, max_position_embeddings {mpe if mpe is not None else 'not given (the default of its type)'}"
+
+
+def _cache_dir_check(f: Facts) -> Check:
+    if f.cache_write_error is None:
+        return Check("cache_dir", "pass", f"{f.cache_dir} is writable")
+    fix = f"set cache_dir to a folder you can write, or make {f.cache_dir} writable (chmod u+w / chown)"
+    err = ConfigError(f"cache_dir {f.cache_dir} is not writable ({f.cache_write_error}); {fix}")
+    return Check("cache_dir", "fail", str(err), fix, error=err)
+
+
+def _space_checks(f: Facts) -> list[Check]:
+    if f.corpus_bytes is None or f.free_gb is None:
+        return []
+    corpus, need_run, need_all = f.corpus_bytes, CONVERT_FACTOR * f.corpus_bytes, CACHE_FACTOR * f.corpus_bytes
+    have = f"{f.free_gb:.2f} GB free on cache_dir {f.cache_dir}"
+    fix = "free disk space or set cache_dir to a bigger disk"
+    if f.free_gb * 1e9 < need_run and not f.cache_has_entries:
+        err = ConfigError(
+            f"{have}, but convert needs ~{_gb(need_run)} ({CONVERT_FACTOR}× the {_gb(corpus)} source) "
+            f"while it runs and the cache ~{_gb(need_all)} in all; {fix}"
+        )
+        return [Check("space for data", "fail", str(err), fix, error=err)]
+    if f.free_gb * 1e9 < need_all:
+        detail = f"{have}; the cache takes ~{_gb(need_all)} in all ({CACHE_FACTOR}× the {_gb(corpus)} source)"
+        return [Check("space for data", "warn", detail, fix)]
+    return [Check("space for data", "pass", f"{have}; ~{_gb(need_all)} needed ({CACHE_FACTOR}× the source)")]
+
+
+def _seq_len_checks(f: Facts) -> list[Check]:
+    c = f.config
+    out: list[Check] = []
+    seq_len = c.pack.seq_len
+    mpe = (f.model_config or {}).get("max_position_embeddings")
+    if f.train_checked and isinstance(mpe, int):
+        if seq_len > mpe:
+            fix = f"lower pack.seq_len to at most {mpe}, or raise max_position_embeddings in {f.model_setting}"
+            err = ConfigError(
+                f"pack.seq_len {seq_len} is above the model's max_position_embeddings {mpe} ({f.model_setting}); {fix}"
+            )
+            out.append(Check("pack.seq_len", "fail", str(err), fix, error=err))
+        else:
+            out.append(Check("pack.seq_len", "pass", f"{seq_len} ≤ max_position_embeddings {mpe}"))
+    estimate = validation_estimate(f.corpus_bytes, c.split.val_fraction, seq_len)
+    if c.pack.enabled and estimate is not None:
+        tokens, samples = estimate
+        if samples < 1:
+            out.append(
+                Check(
+                    "validation",
+                    "warn",
+                    f"~{tokens} validation tokens (split.val_fraction {c.split.val_fraction} of "
+                    f"{_gb(f.corpus_bytes or 0)} at ~{BYTES_PER_TOKEN} bytes a token) < pack.seq_len {seq_len}: "
+                    "likely 0 validation samples, and training then evaluates nothing",
+                    "lower pack.seq_len, raise split.val_fraction, or add data",
+                )
+            )
+        else:
+            out.append(Check("validation", "pass", f"~{samples} validation sample(s) of {seq_len} tokens (estimate)"))
+    return out
+
+
+def validation_estimate(corpus_bytes: int | None, val_fraction: float, seq_len: int) -> tuple[int, int] | None:
+    """(tokens, samples) the validation split will roughly hold; None when it cannot be told (a
+    hub dataset) or is meant to be empty (val_fraction 0)."""
+    if corpus_bytes is None or val_fraction == 0:
+        return None
+    tokens = int(corpus_bytes * val_fraction / BYTES_PER_TOKEN)
+    return tokens, tokens // seq_len
+
+
+def _gb(num_bytes: int) -> str:
+    return f"{num_bytes / 1e6:.1f} MB" if num_bytes < 1e9 else f"{num_bytes / 1e9:.2f} GB"
+
+
+def run(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True) -> list[Check]:
+    return evaluate(gather(config, tokenizer=tokenizer, train=train))
+
+
+def require(config: PipelineConfig, *, train: bool = True) -> list[Check]:
+    """The checks, before any stage runs: warnings logged, the first failure raised as its error."""
+    checks = run(config, train=train)
+    for c in checks:
+        if c.status == "warn":
+            log.warning("%s: %s%s", c.name, c.detail, f"; {c.fix}" if c.fix else "")
+    first_failure(checks)
+    return checks
+
+
+def first_failure(checks: list[Check]) -> None:
+    """Raise the first failed check's error (a `ConfigError` of its text when it carries none)."""
+    for c in checks:
+        if c.status == "fail":
+            raise c.error if c.error is not None else ConfigError(f"{c.name}: {c.detail}")
