@@ -108,11 +108,6 @@ class HashingReader(io.RawIOBase):
         super().close()
 
 
-def _stat(path: Path) -> tuple[int, int, int]:
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns, st.st_ino
-
-
 def stat_of(path: Path) -> tuple[int, int, int]:
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns, st.st_ino
