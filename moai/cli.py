@@ -217,16 +217,12 @@ def environment_error(err: OSError) -> str | None:
     """One line for a fault of the machine (permissions, read-only or full disk), naming the path
     and the fix; None for any other OSError (a bug of moai's: its traceback is kept)."""
     import errno
-    import shutil
-    from pathlib import Path
+
+    from moai.hardware import free_bytes
 
     where = err.filename or "a file moai writes"
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = ""
-        if err.filename:
-            folder = next((p for p in Path(err.filename).resolve().parents if p.exists()), None)
-            if folder is not None:
-                free = f" ({shutil.disk_usage(folder).free / 1e9:.2f} GB free there now)"
+        free = f" ({free_bytes(err.filename) / 1e9:.2f} GB free there now)" if err.filename else ""
         return (
             f"no space left writing {where}{free}: free disk space or move cache_dir (or train.output_dir) "
             "to a bigger disk; nothing half-written is kept, rerun to continue"
