@@ -13,6 +13,10 @@
     moai cache verify [CONFIG | CACHE_DIR]
                            check every published stage output against its manifest
                            (sizes and xxh3-128 digests); exit 1 if any is damaged
+    moai cache list [CONFIG | CACHE_DIR]
+                           entries (stage, key, size, age, config), leftovers, stray locks
+    moai cache prune [CONFIG | CACHE_DIR] [--keep CONFIG]... [--older-than 30d] [--dry-run]
+                           remove leftovers; with --keep/--older-than, entries too
 
 CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
 """
@@ -198,7 +202,7 @@ def _cache_dir_of(args: argparse.Namespace) -> str:
 
 
 def _cache_verify_cmd(args: argparse.Namespace) -> int:
-    from moai.store import DAMAGED, OK, UNVERIFIABLE, verify_cache
+    from moai.cache import DAMAGED, OK, UNVERIFIABLE, verify_cache
 
     counts = {OK: 0, DAMAGED: 0, UNVERIFIABLE: 0}
     # A line per entry as soon as it is checked: reading a big cache takes a while.
@@ -211,6 +215,25 @@ def _cache_verify_cmd(args: argparse.Namespace) -> int:
                 print(f"  also: {problem}")
     print(f"{counts[OK]} entries ok, {counts[DAMAGED]} damaged, {counts[UNVERIFIABLE]} unverifiable")
     return 1 if counts[DAMAGED] else 0
+
+
+def _cache_list_cmd(args: argparse.Namespace) -> int:
+    from moai.cache import list_lines, scan
+
+    for line in list_lines(scan(_cache_dir_of(args))):
+        print(line)
+    return 0
+
+
+def _cache_prune_cmd(args: argparse.Namespace) -> int:
+    from moai.cache import needed_keys, parse_age, prune, prune_lines
+
+    older = parse_age(args.older_than) if args.older_than else None
+    keep = set().union(*(needed_keys(resolve_config(c)) for c in args.keep)) if args.keep else None
+    pruned = prune(_cache_dir_of(args), keep=keep, older_than_s=older, dry_run=args.dry_run)
+    for line in prune_lines(pruned, args.dry_run):
+        print(line)
+    return 0
 
 
 def environment_error(err: OSError) -> str | None:
@@ -245,7 +268,7 @@ EXAMPLES = {
     "export-webdataset": "examples:\n  moai export-webdataset my.yaml --out /data/wds --shard-size 256MB\n"
     "  moai export-webdataset my.yaml --out /data/wds-val --split validation",
     "doctor": "examples:\n  moai doctor\n  moai doctor examples/quickstart.yaml",
-    "cache": "examples:\n  moai cache verify\n  moai cache verify my.yaml",
+    "cache": "examples:\n  moai cache verify my.yaml\n  moai cache list\n  moai cache prune --keep my.yaml --dry-run",
 }
 
 
@@ -302,22 +325,45 @@ def main(argv: list[str] | None = None) -> int:
     p = _add_parser(sub, "doctor", help="check this machine's set-up; non-zero exit on any failure")
     p.add_argument("config", nargs="?", help="config file or preset to check the tokenizer and plan of")
     p.set_defaults(func=_doctor_cmd)
-    p = _add_parser(sub, "cache", help="look after the cache: moai cache verify")
+    p = _add_parser(sub, "cache", help="look after the cache: moai cache verify | list | prune")
     cache_sub = p.add_subparsers(dest="cache_command", required=True)
+    target_help = "a config file or preset (its cache_dir), or a cache folder; default: .moai"
     p = cache_sub.add_parser(
         "verify", help="check every published stage output against its manifest; exit 1 if any is damaged"
     )
-    p.add_argument(
-        "target",
-        nargs="?",
-        metavar="CONFIG_OR_CACHE_DIR",
-        help="a config file or preset (its cache_dir), or a cache folder; default: .moai",
-    )
+    p.add_argument("target", nargs="?", metavar="CONFIG_OR_CACHE_DIR", help=target_help)
     p.add_argument("--cache-dir", help="the cache folder to check")
     p.add_argument(
         "--all-problems", action="store_true", help="list every problem of a damaged entry, not only the first"
     )
     p.set_defaults(func=_cache_verify_cmd)
+    p = cache_sub.add_parser(
+        "list", help="every entry (stage, key, size, age, config that used it), leftover and stray lock; in use or not"
+    )
+    p.add_argument("target", nargs="?", metavar="CONFIG_OR_CACHE_DIR", help=target_help)
+    p.add_argument("--cache-dir", help="the cache folder to list")
+    p.set_defaults(func=_cache_list_cmd)
+    p = cache_sub.add_parser(
+        "prune",
+        help="remove leftovers of dead builds and stray locks (default); with --keep/--older-than, entries too; "
+        "never what a running build holds",
+        epilog="examples:\n  moai cache prune                       # leftovers only\n"
+        "  moai cache prune --keep a.yaml --keep b.yaml --dry-run\n"
+        "  moai cache prune /scratch/cache --older-than 30d",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("target", nargs="?", metavar="CONFIG_OR_CACHE_DIR", help=target_help)
+    p.add_argument("--cache-dir", help="the cache folder to prune")
+    p.add_argument(
+        "--keep",
+        action="append",
+        metavar="CONFIG",
+        help="remove every entry these configs do not need (repeat for several; computing their keys reads "
+        "their source files)",
+    )
+    p.add_argument("--older-than", metavar="AGE", help="remove entries last used longer ago than AGE: 30d, 12h, 2w")
+    p.add_argument("--dry-run", action="store_true", help="print what would go and the bytes freed; remove nothing")
+    p.set_defaults(func=_cache_prune_cmd)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -106,6 +106,16 @@ def _disk_of(path: Path) -> tuple[str, float]:
     return "unknown", free_gb
 
 
+def free_bytes(path: str | os.PathLike) -> int:
+    """Free bytes on the disk that holds `path` (or its nearest existing parent)."""
+    import psutil
+
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    return int(psutil.disk_usage(str(probe)).free)
+
+
 def _gpus() -> tuple[str, ...]:
     try:
         import torch

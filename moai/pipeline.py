@@ -29,6 +29,7 @@ from typing import Any
 
 from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan
+from moai.presets import config_origin
 from moai.stages import convert, filter as filter_stage, pack, save, tokenize, tokenizer
 from moai.store import Store, stage_key
 
@@ -156,7 +157,7 @@ def run_stage(
 ) -> StageResult:
     """Reuse the published output of a stage, or build it once (see `moai.store`)."""
     s = stage(name)
-    store = Store(config.cache_dir)
+    store = Store(config.cache_dir, origin=config_origin(config))
     key = key_of(config, name, inputs)
     ups, settings = upstream(config, name, inputs), s.settings(config)
 

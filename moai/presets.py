@@ -8,6 +8,7 @@ CPU in well under a minute.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,7 +61,24 @@ PRESETS: dict[str, Callable[[], PipelineConfig]] = {"tiny": tiny}
 def resolve_config(spec: str) -> PipelineConfig:
     """A config file path, or the name of a preset (`tiny`)."""
     if Path(spec).is_file():
-        return load_config(spec)
+        return _remember(load_config(spec), str(Path(spec).resolve()))
     if spec in PRESETS:
-        return PRESETS[spec]()
+        return _remember(PRESETS[spec](), f"preset {spec}")
     raise ConfigError(f"{spec}: neither a config file nor a preset (presets: {', '.join(sorted(PRESETS))})")
+
+
+# Where each config from `resolve_config` came from (its file, or `preset <name>`), for the use log
+# the store keeps (`moai cache list`). Kept beside the config, not in it: it is not a setting, and
+# two configs with the same settings stay equal.
+_ORIGINS: dict[int, str] = {}
+
+
+def _remember(config: PipelineConfig, origin: str) -> PipelineConfig:
+    _ORIGINS[id(config)] = origin
+    weakref.finalize(config, _ORIGINS.pop, id(config), None)
+    return config
+
+
+def config_origin(config: PipelineConfig) -> str | None:
+    """The config file or preset `config` was resolved from; None for one built another way."""
+    return _ORIGINS.get(id(config))

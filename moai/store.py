@@ -17,11 +17,20 @@ against 50-100 ms to write them (read back from disk, as `moai cache verify` doe
 reuse checks that each listed file is there with its size (a `stat` per file, no reading), so a
 truncated or deleted file is named with its fix (`CacheError`) instead of feeding a later stage
 short data; `verify_cache` (`moai cache verify`) also checks the digests and lists files nobody
-recorded.
+recorded (`moai.cache`).
+
+Faults of the machine are one line too (`CacheError`): a stage folder that cannot be created or
+written, a lock file that cannot be opened, a disk that fills during a build (the line names the
+stage, the folder, the bytes written and the space left; the partial build is removed). Every
+reuse or build appends one line (stage, key, config, time) to the stage's hidden `.uses.jsonl`,
+so `moai cache list` can say when an entry was last used and by which config; a cache that
+cannot be written is still read, without that line. The log grows by ~120 bytes a stage a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -29,7 +38,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +50,7 @@ from moai.errors import CacheError
 log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
+USES = ".uses.jsonl"  # <stage>/.uses.jsonl: one line per reuse or build (stage, key, config, time)
 KEY_LENGTH = 20
 FILES = "files"  # manifest key: relative path -> {"bytes": size, "xxh3_128": hex digest}
 
@@ -87,8 +97,9 @@ class Published:
 
 
 class Store:
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, origin: str | None = None):
         self.root = Path(root).resolve()
+        self.origin = origin  # the config file or preset the builds are for, recorded with each use
 
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
@@ -103,7 +114,7 @@ class Store:
         manifest = load_manifest(path)
         problems = size_problems(path, manifest.get(FILES))
         if problems:
-            raise CacheError.damaged(path, _first(problems))
+            raise CacheError.damaged(path, first_problem(problems))
         return Published(stage, key, path, manifest, built=False)
 
     def build(
@@ -119,50 +130,161 @@ class Store:
         into the manifest together with `manifest` (inputs, settings).
         """
         if self.exists(stage, key):
-            return self.read(stage, key)
+            return self._used(self.read(stage, key))
         stage_dir = self.root / stage
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(stage_dir / f".{key}.lock"))
+        try:
+            stage_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise _write_error(stage, stage_dir, err) from None
+        lock = FileLock(str(lock_path(stage_dir, key)))
         waited = time.perf_counter()
-        with lock:
+        try:
+            lock.acquire()
+        except OSError as err:
+            raise lock_error(lock_path(stage_dir, key), err) from None
+        try:
             if self.exists(stage, key):
                 log.info(
                     "%s %s: built by another process while waiting (%.1fs)", stage, key, time.perf_counter() - waited
                 )
-                return self.read(stage, key)
-            final = self.path(stage, key)
-            if final.exists():  # a folder without manifest cannot come from us; never trust it
-                raise CacheError.damaged(final, f"it has no {MANIFEST}")
-            for stale in stage_dir.glob(f".tmp-{key}-*"):
-                log.warning("%s %s: removing %s left by a builder that died", stage, key, stale.name)
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp = stage_dir / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            tmp.mkdir()
-            try:
-                started = time.perf_counter()
-                report = builder(tmp)
-                files = describe_files(tmp)
-                from moai import __version__
+                return self._used(self.read(stage, key))
+            pub = self._build_locked(stage, key, builder, manifest or {})
+        finally:
+            lock.release()
+        log.info("%s %s: published %s", stage, key, pub.path)
+        return self._used(pub)
 
-                full = {
-                    "stage": stage,
-                    "key": key,
-                    "moai_version": __version__,
-                    **(manifest or {}),
-                    "report": report,
-                    "build_seconds": round(time.perf_counter() - started, 3),
-                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    FILES: files,
-                }
-                _write_json_durable(tmp / MANIFEST, full)
-                _fsync_dir(tmp)
-                os.rename(tmp, final)
-                _fsync_dir(stage_dir)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        log.info("%s %s: published %s", stage, key, final)
+    def _build_locked(
+        self, stage: str, key: str, builder: Callable[[Path], dict[str, Any]], manifest: dict[str, Any]
+    ) -> Published:
+        stage_dir, final = self.root / stage, self.path(stage, key)
+        if final.exists():  # a folder without manifest cannot come from us; never trust it
+            raise CacheError.damaged(final, f"it has no {MANIFEST}")
+        for stale in stage_dir.glob(f".tmp-{key}-*"):
+            log.warning("%s %s: removing %s left by a builder that died", stage, key, stale.name)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = stage_dir / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir()
+        except OSError as err:
+            raise _write_error(stage, stage_dir, err) from None
+        try:
+            started = time.perf_counter()
+            report = builder(tmp)
+            files = describe_files(tmp)
+            from moai import __version__
+
+            full = {
+                "stage": stage,
+                "key": key,
+                "moai_version": __version__,
+                **manifest,
+                "report": report,
+                "build_seconds": round(time.perf_counter() - started, 3),
+                "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                FILES: files,
+            }
+            _write_json_durable(tmp / MANIFEST, full)
+            _fsync_dir(tmp)
+            os.rename(tmp, final)
+            _fsync_dir(stage_dir)
+        except BaseException as err:
+            full_disk = _disk_full(err)  # measured before the partial build is removed: what was left
+            error = None if full_disk is None else _full_error(stage, stage_dir, full_disk, tree_bytes(tmp))
+            shutil.rmtree(tmp, ignore_errors=True)
+            if error is not None:
+                raise error from err
+            raise
         return Published(stage, key, final, full, built=True)
+
+    def _used(self, pub: Published) -> Published:
+        """Append one line to the stage's use log (`moai cache list` reads it). A cache that cannot
+        be written (read-only, full) is still read: the line is then left out."""
+        line = json.dumps({"key": pub.key, "config": self.origin, "at": round(time.time(), 3), "built": pub.built})
+        try:
+            fd = os.open(pub.path.parent / USES, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (line + "\n").encode())  # one write under PIPE_BUF: appends never interleave
+            finally:
+                os.close(fd)
+        except OSError as err:
+            log.debug("%s %s: use not recorded (%s)", pub.stage, pub.key, err)
+        return pub
+
+
+# -- faults of the machine, as one line each ------------------------------------------------------
+
+
+def lock_path(stage_dir: Path, key: str) -> Path:
+    """The lock a builder of `key` holds (`fcntl.flock`; the kernel frees it when the holder dies)."""
+    return stage_dir / f".{key}.lock"
+
+
+def lock_error(lock: Path, err: OSError) -> CacheError:
+    import shlex
+
+    if not lock.exists():
+        return CacheError(
+            f"cannot create the lock file {lock} ({err.strerror}): its folder {lock.parent} is not writable; make it "
+            "writable (or set cache_dir to a folder you can write), then rerun"
+        )
+    return CacheError(
+        f"cannot open the lock file {lock} ({err.strerror}); it holds no data: remove it "
+        f"(rm -f {shlex.quote(str(lock))}) or make it writable, then rerun"
+    )
+
+
+def _write_error(stage: str, folder: Path, err: OSError) -> CacheError:
+    """The line for a stage folder that cannot be created or written."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return _full_error(stage, folder, err, written=0)
+    return CacheError(
+        f"{stage}: cannot write the cache folder {folder} ({err.strerror}); make it writable "
+        "(or set cache_dir to a folder you can write), then rerun"
+    )
+
+
+def _disk_full(err: BaseException | None) -> OSError | None:
+    """The disk-full error behind `err`, if any: raised directly, or as the cause of a library's own
+    error (pyarrow and datasets wrap it, sometimes keeping only the message)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and (
+            err.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(err)
+        ):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _full_error(stage: str, folder: Path, err: OSError, written: int) -> CacheError:
+    from moai.hardware import free_bytes
+
+    why = err.strerror or "No space left on device"
+    return CacheError(
+        f"{stage}: the disk is full ({why}) building into {folder}: {human_bytes(written)} written so far, "
+        f"{human_bytes(free_bytes(folder))} free; nothing was published (the partial build is removed): free "
+        "space or set cache_dir to a larger disk, then rerun"
+    )
+
+
+def tree_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder` (0 if it is gone)."""
+    total = 0
+    for dirpath, _dirs, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):  # removed while we walk
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
 
 
 # -- what a published folder holds, and checking it ----------------------------------------------
@@ -172,7 +294,7 @@ def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     """Every file under `folder` except its manifest: relative path -> size in bytes and xxh3-128."""
     return {
         rel: {"bytes": (folder / rel).stat().st_size, "xxh3_128": file_digest(folder / rel)}
-        for rel in _relative_files(folder)
+        for rel in relative_files(folder)
     }
 
 
@@ -186,7 +308,7 @@ def file_digest(path: Path, chunk_bytes: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _relative_files(folder: Path) -> list[str]:
+def relative_files(folder: Path) -> list[str]:
     """Relative POSIX paths of the files under `folder`, sorted, its top-level manifest left out."""
     out = []
     for dirpath, _dirs, names in os.walk(folder):
@@ -199,17 +321,19 @@ def _relative_files(folder: Path) -> list[str]:
 
 def load_manifest(path: Path) -> dict[str, Any]:
     """The manifest of a published folder; `CacheError` if it cannot be read or is malformed."""
-    manifest = _read_manifest(path)
+    manifest = read_manifest(path)
     if isinstance(manifest, str):
         raise CacheError.damaged(path, manifest)
     return manifest
 
 
-def _read_manifest(path: Path) -> dict[str, Any] | str:
+def read_manifest(path: Path) -> dict[str, Any] | str:
     """The manifest, or what is wrong with it."""
     file = path / MANIFEST
     try:
         text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return f"it has no {MANIFEST}"
     except (OSError, UnicodeDecodeError) as err:
         return f"its {MANIFEST} cannot be read ({type(err).__name__}: {err})"
     if not text.strip():
@@ -220,6 +344,8 @@ def _read_manifest(path: Path) -> dict[str, Any] | str:
         return f"its {MANIFEST} is not valid JSON ({err})"
     if not isinstance(manifest, dict):
         return f"its {MANIFEST} holds a {type(manifest).__name__}, not an object"
+    if not isinstance(manifest.get("report"), dict):
+        return f"its {MANIFEST} has no 'report' (the stage's counts)"
     files = manifest.get(FILES)
     if files is not None and not (
         isinstance(files, dict)
@@ -235,27 +361,10 @@ def _read_manifest(path: Path) -> dict[str, Any] | str:
 def size_problems(path: Path, files: dict[str, dict[str, Any]] | None) -> list[str]:
     """What differs between the recorded files and the folder, by `stat` alone (O(files), no reading).
     A manifest without a file list (older moai) has nothing to check."""
-    return [problem for rel, rec in (files or {}).items() if (problem := _size_problem(path, rel, rec))]
+    return [problem for rel, rec in (files or {}).items() if (problem := size_problem(path, rel, rec))]
 
 
-def content_problems(path: Path, files: dict[str, dict[str, Any]]) -> list[str]:
-    """Sizes, then the digest of every file of the right size, then files nobody recorded."""
-    problems = []
-    for rel, rec in files.items():
-        problem = _size_problem(path, rel, rec)
-        if problem is None:
-            try:
-                if file_digest(path / rel) != rec["xxh3_128"]:
-                    problem = f"{rel} has other content than its manifest records (xxh3-128 differs)"
-            except OSError as err:
-                problem = f"{rel} cannot be read ({err.strerror})"
-        if problem:
-            problems.append(problem)
-    problems += [f"{rel} is not in its manifest" for rel in _relative_files(path) if rel not in files]
-    return problems
-
-
-def _size_problem(path: Path, rel: str, rec: dict[str, Any]) -> str | None:
+def size_problem(path: Path, rel: str, rec: dict[str, Any]) -> str | None:
     try:
         size = (path / rel).stat().st_size
     except FileNotFoundError:
@@ -265,66 +374,10 @@ def _size_problem(path: Path, rel: str, rec: dict[str, Any]) -> str | None:
     return None if size == rec["bytes"] else f"{rel} has {size} bytes, its manifest says {rec['bytes']}"
 
 
-def _first(problems: list[str]) -> str:
+def first_problem(problems: list[str]) -> str:
     """One line for many problems: the first, and how many more."""
     more = len(problems) - 1
     return problems[0] + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
-
-
-OK, DAMAGED, UNVERIFIABLE = "ok", "damaged", "unverifiable"
-
-
-@dataclass(frozen=True)
-class EntryCheck:
-    """The verdict on one published folder of a cache, and a one-line message saying why."""
-
-    stage: str
-    key: str
-    path: Path
-    status: str  # OK, DAMAGED or UNVERIFIABLE
-    problems: tuple[str, ...] = ()
-
-    @property
-    def message(self) -> str:
-        if self.status == DAMAGED:
-            return str(CacheError.damaged(self.path, _first(list(self.problems))))
-        if self.status == UNVERIFIABLE:
-            return (
-                f"cache entry {self.path} is unverifiable: its {MANIFEST} has no file list (written by an older "
-                "moai); if in doubt remove the folder: it will be rebuilt when needed"
-            )
-        return f"cache entry {self.path} is ok"
-
-
-def verify_cache(root: str | os.PathLike) -> Iterator[EntryCheck]:
-    """Check every published folder `<root>/<stage>/<key>/` (one with a manifest), in sorted order:
-    sizes and digests of the recorded files, and files nobody recorded. Hidden names (builds in
-    progress or left by a dead builder, lock files) are not published and are skipped; a folder
-    without a manifest is not a store entry (a training run's output, say) and is skipped too."""
-    root = Path(root)
-    if not root.is_dir():
-        raise CacheError(f"{root} is not a folder: no cache to verify (give the cache_dir of a config)")
-    for stage_dir in _visible_dirs(root):
-        for path in _visible_dirs(stage_dir):
-            if (path / MANIFEST).is_file():
-                yield check_entry(path)
-
-
-def check_entry(path: Path) -> EntryCheck:
-    """The verdict on one published folder (see `verify_cache`)."""
-    stage, key = path.parent.name, path.name
-    manifest = _read_manifest(path)
-    if isinstance(manifest, str):
-        return EntryCheck(stage, key, path, DAMAGED, (manifest,))
-    files = manifest.get(FILES)
-    if files is None:
-        return EntryCheck(stage, key, path, UNVERIFIABLE)
-    problems = content_problems(path, files)
-    return EntryCheck(stage, key, path, DAMAGED if problems else OK, tuple(problems))
-
-
-def _visible_dirs(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def _write_json_durable(path: Path, data: dict[str, Any]) -> None:

@@ -176,3 +176,47 @@ def test_cache_verify_reports_unreadable_and_older_manifests(cache, tmp_path):
         + rm_fix(root / "filter" / keys["filter"]),
         "4 entries ok, 1 damaged, 1 unverifiable",
     ]
+
+
+def test_prepare_refuses_a_manifest_without_report(cache):
+    data, keys, root = cache
+    folder = root / "filter" / keys["filter"]
+    manifest = json.loads((folder / "_manifest.json").read_text())
+    del manifest["report"]
+    (folder / "_manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CacheError) as err:
+        prepare(parse_config(data), progress=False)
+    assert str(err.value) == (
+        f"cache entry {folder} is damaged: its _manifest.json has no 'report' (the stage's counts)" + rm_fix(folder)
+    )
+
+
+def test_prepare_into_an_unwritable_cache_dir_is_one_line(cache, tmp_path):
+    from test_store import read_only
+
+    data, _, _ = cache
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    data = {**data, "cache_dir": str(parent / "cache")}
+    with read_only(parent), pytest.raises(CacheError) as err:
+        prepare(parse_config(data), progress=False)
+    assert str(err.value).startswith(f"convert: cannot write the cache folder {parent / 'cache' / 'convert'} (")
+    assert str(err.value).endswith("make it writable (or set cache_dir to a folder you can write), then rerun")
+
+
+def test_cache_verify_names_a_key_folder_without_manifest_and_an_unusable_lock(cache, capsys):
+    from test_cache_cli import moai_main
+    from test_store import read_only
+
+    _, keys, root = cache
+    folder = root / "save" / keys["save"]
+    (folder / "_manifest.json").unlink()
+    lock = root / "pack" / f".{keys['pack']}.lock"
+    with read_only(lock):
+        assert moai_main("cache", "verify", str(root)) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"cannot open the lock file {lock} (")
+    assert out[1:] == [
+        f"cache entry {folder} is damaged: it has no _manifest.json" + rm_fix(folder),
+        "5 entries ok, 2 damaged, 0 unverifiable",
+    ]

@@ -1,11 +1,17 @@
+import errno
 import json
+import os
+import re
 import shutil
+import subprocess
 import threading
+from contextlib import contextmanager
 
 import pytest
 
+from moai.cache import verify_cache
 from moai.errors import CacheError
-from moai.store import MANIFEST, Store, fingerprint_files, stage_key, verify_cache
+from moai.store import MANIFEST, Store, fingerprint_files, stage_key
 
 
 def test_keys_are_stable_and_change_with_each_input():
@@ -187,3 +193,180 @@ def test_verify_cache_checks_digests_and_extra_files_and_skips_unpublished(tmp_p
     assert checks[1].message.startswith(f"cache entry {b.path} is damaged: meta.json has other content")
     with pytest.raises(CacheError, match="no cache to verify"):
         list(verify_cache(tmp_path / "nowhere"))
+
+
+# -- faults of the machine and broken entries: one CacheError line each --------------------------
+
+
+def lock_down(path):
+    """Make `path` unwritable for the code under test; return the undo, which takes the path (it may
+    have moved). Root ignores file modes, so as root the file or folder is made immutable
+    (`chattr +i`): the kernel then refuses writes to root too."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o444 if path.is_file() else 0o555)
+        return lambda moved: moved.chmod(mode)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip(f"root, and chattr +i is not supported on {path}'s filesystem: cannot make it read-only")
+    return lambda moved: subprocess.run(["chattr", "-i", str(moved)], check=True)
+
+
+@contextmanager
+def read_only(path):
+    undo = lock_down(path)
+    try:
+        yield
+    finally:
+        undo(path)
+
+
+KEY = stage_key("stage", 1, [], {})
+
+
+def test_a_manifest_without_report_is_a_cache_error_on_reuse_and_in_verify(tmp_path):
+    store = Store(tmp_path)
+    pub = _publish(store, KEY)
+    manifest = json.loads((pub.path / MANIFEST).read_text())
+    del manifest["report"]
+    (pub.path / MANIFEST).write_text(json.dumps(manifest))
+    expected = (
+        f"cache entry {pub.path} is damaged: its _manifest.json has no 'report' (the stage's counts); "
+        f"remove the folder (rm -rf {pub.path}) and rerun: it will be rebuilt"
+    )
+    for reuse in (lambda: store.build("stage", KEY, lambda out: {}), lambda: store.read("stage", KEY)):
+        with pytest.raises(CacheError) as err:
+            reuse()
+        assert str(err.value) == expected
+    assert [c.message for c in verify_cache(tmp_path)] == [expected]
+
+
+def test_a_key_folder_without_manifest_is_named_by_read_and_verify(tmp_path):
+    folder = tmp_path / "stage" / KEY
+    folder.mkdir(parents=True)
+    (folder / "data.bin").write_bytes(b"x")
+    expected = (
+        f"cache entry {folder} is damaged: it has no _manifest.json; remove the folder (rm -rf {folder}) "
+        "and rerun: it will be rebuilt"
+    )
+    with pytest.raises(CacheError) as err:
+        Store(tmp_path).read("stage", KEY)
+    assert str(err.value) == expected
+    assert [(c.status, c.message) for c in verify_cache(tmp_path)] == [("damaged", expected)]
+
+
+def test_a_read_only_lock_file_is_one_line_naming_it_and_the_fix(tmp_path):
+    (tmp_path / "stage").mkdir()
+    lock = tmp_path / "stage" / f".{KEY}.lock"
+    lock.touch()
+    with read_only(lock):
+        with pytest.raises(CacheError) as err:
+            Store(tmp_path).build("stage", KEY, lambda out: {})
+        assert re.fullmatch(
+            rf"cannot open the lock file {re.escape(str(lock))} \((Permission denied|Operation not permitted)\); "
+            rf"it holds no data: remove it \(rm -f {re.escape(str(lock))}\) or make it writable, then rerun",
+            str(err.value),
+        ), err.value
+        assert [c.message for c in verify_cache(tmp_path)] == [str(err.value)]
+    assert Store(tmp_path).build("stage", KEY, lambda out: {}).built  # writable again: builds
+
+
+def test_an_unwritable_stage_folder_is_one_line_naming_it(tmp_path):
+    stage_dir = tmp_path / "stage"
+    stage_dir.mkdir()
+    with read_only(stage_dir), pytest.raises(CacheError) as err:
+        Store(tmp_path).build("stage", KEY, lambda out: {})
+    assert str(err.value).startswith(f"cannot create the lock file {stage_dir}/.{KEY}.lock (")
+    assert str(err.value).endswith(
+        f": its folder {stage_dir} is not writable; make it writable (or set cache_dir to a folder you can "
+        "write), then rerun"
+    )
+
+
+def test_an_unwritable_cache_dir_is_one_line_naming_the_stage_and_folder(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir()
+    with read_only(root), pytest.raises(CacheError) as err:
+        Store(root).build("convert", KEY, lambda out: {})
+    assert re.fullmatch(
+        rf"convert: cannot write the cache folder {re.escape(str(root / 'convert'))} \(.+\); make it writable "
+        r"\(or set cache_dir to a folder you can write\), then rerun",
+        str(err.value),
+    ), err.value
+
+
+def _fill(written: int, raise_as):
+    def builder(out):
+        (out / "part.bin").write_bytes(b"\0" * written)
+        raise_as()
+
+    return builder
+
+
+def _enospc():
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _wrapped_enospc():  # as pyarrow/datasets do: their own error, the OSError as its cause
+    try:
+        _enospc()
+    except OSError as err:
+        raise RuntimeError("failed to write the Arrow file") from err
+
+
+@pytest.mark.parametrize("raise_as", [_enospc, _wrapped_enospc])
+def test_a_disk_full_during_a_build_is_one_line_and_leaves_nothing(tmp_path, raise_as):
+    with pytest.raises(CacheError) as err:
+        Store(tmp_path).build("tokenize", KEY, _fill(3000, raise_as))
+    assert re.fullmatch(
+        rf"tokenize: the disk is full \(No space left on device\) building into "
+        rf"{re.escape(str(tmp_path / 'tokenize'))}: 3\.0 kB written so far, [\d.]+ [kMG]?B free; nothing was "
+        r"published \(the partial build is removed\): free space or set cache_dir to a larger disk, then rerun",
+        str(err.value),
+    ), err.value
+    assert [p.name for p in (tmp_path / "tokenize").iterdir()] == [f".{KEY}.lock"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB tmpfs (root only; skipped where it cannot be mounted)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+    ):
+        pytest.skip("needs root and tmpfs mounts to fill a real disk")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_really_full_disk_is_one_line_and_the_space_comes_back(small_disk):
+    def builder(out):
+        with open(out / "big.bin", "wb") as f:
+            for _ in range(64):
+                f.write(b"\0" * 65536)  # 4 MiB into 1 MiB
+        return {}
+
+    with pytest.raises(
+        CacheError,
+        match=r"^pack: the disk is full \(No space left on device\) building into .*"
+        r": 1\.0 MB written so far, 0 B free; nothing was published",
+    ):
+        Store(small_disk / "cache").build("pack", KEY, builder)
+    assert [p.name for p in (small_disk / "cache" / "pack").iterdir()] == [f".{KEY}.lock"]
+    assert Store(small_disk / "cache").build("pack", KEY, _fill(1000, lambda: None)).built  # room again
+
+
+def test_each_reuse_and_build_is_recorded_with_its_config(tmp_path):
+    _publish(Store(tmp_path, origin="/work/a.yaml"), KEY)
+    Store(tmp_path, origin="preset tiny").build("stage", KEY, lambda out: {})
+    uses = [json.loads(line) for line in (tmp_path / "stage" / ".uses.jsonl").read_text().splitlines()]
+    assert [(u["key"], u["config"], u["built"]) for u in uses] == [
+        (KEY, "/work/a.yaml", True),
+        (KEY, "preset tiny", False),
+    ]
+    assert uses[0]["at"] <= uses[1]["at"]
