@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -218,3 +220,25 @@ def offline_hub(monkeypatch, tmp_path):
     monkeypatch.setattr(hub, "_DOWN", set())
     hub._head.cache_clear()
     return tmp_path / "hf-hub"
+
+
+def lock_down(path):
+    """Make `path` unwritable for the code under test; return the undo, which takes the path (it may
+    have moved). Root ignores file modes, so as root the file or folder is made immutable
+    (`chattr +i`): the kernel then refuses writes to root too."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o444 if path.is_file() else 0o555)
+        return lambda moved: moved.chmod(mode)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip(f"root, and chattr +i is not supported on {path}'s filesystem: cannot make it read-only")
+    return lambda moved: subprocess.run(["chattr", "-i", str(moved)], check=True)
+
+
+@contextlib.contextmanager
+def read_only(path):
+    undo = lock_down(path)
+    try:
+        yield
+    finally:
+        undo(path)

@@ -196,7 +196,7 @@ def test_prune_older_than_goes_by_the_last_use(cache, capsys):
 
 
 def test_a_prune_that_fails_half_way_leaves_a_leftover_never_a_half_deleted_entry(tmp_path, capsys):
-    from test_store import lock_down
+    from conftest import lock_down
 
     store, key = Store(tmp_path), stage_key("pack", 1, [], {})
 

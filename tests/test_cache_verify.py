@@ -192,7 +192,7 @@ def test_prepare_refuses_a_manifest_without_report(cache):
 
 
 def test_prepare_into_an_unwritable_cache_dir_is_one_line(cache, tmp_path):
-    from test_store import read_only
+    from conftest import read_only
 
     data, _, _ = cache
     parent = tmp_path / "locked"
@@ -205,8 +205,8 @@ def test_prepare_into_an_unwritable_cache_dir_is_one_line(cache, tmp_path):
 
 
 def test_cache_verify_names_a_key_folder_without_manifest_and_an_unusable_lock(cache, capsys):
+    from conftest import read_only
     from test_cache_cli import moai_main
-    from test_store import read_only
 
     _, keys, root = cache
     folder = root / "save" / keys["save"]

@@ -5,10 +5,10 @@ import re
 import shutil
 import subprocess
 import threading
-from contextlib import contextmanager
 
 import pytest
 
+from conftest import read_only
 from moai.cache import verify_cache
 from moai.errors import CacheError
 from moai.store import MANIFEST, Store, fingerprint_files, stage_key
@@ -196,28 +196,6 @@ def test_verify_cache_checks_digests_and_extra_files_and_skips_unpublished(tmp_p
 
 
 # -- faults of the machine and broken entries: one CacheError line each --------------------------
-
-
-def lock_down(path):
-    """Make `path` unwritable for the code under test; return the undo, which takes the path (it may
-    have moved). Root ignores file modes, so as root the file or folder is made immutable
-    (`chattr +i`): the kernel then refuses writes to root too."""
-    if os.geteuid() != 0:
-        mode = path.stat().st_mode
-        path.chmod(0o444 if path.is_file() else 0o555)
-        return lambda moved: moved.chmod(mode)
-    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
-        pytest.skip(f"root, and chattr +i is not supported on {path}'s filesystem: cannot make it read-only")
-    return lambda moved: subprocess.run(["chattr", "-i", str(moved)], check=True)
-
-
-@contextmanager
-def read_only(path):
-    undo = lock_down(path)
-    try:
-        yield
-    finally:
-        undo(path)
 
 
 KEY = stage_key("stage", 1, [], {})
