@@ -92,9 +92,11 @@ def _prepare_cmd(args: argparse.Namespace) -> int:
 
 
 def _train_cmd(args: argparse.Namespace) -> int:
-    from moai.launch import TrainingFailed
+    from moai.hardware import detect, plan as make_plan
+    from moai.launch import TrainingFailed, is_progress_line
     from moai.pipeline import launch_training, prepare
     from moai.preflight import require
+    from moai.train.checkpoint import resume_plan
 
     config = resolve_config(args.config)
     overrides = {
@@ -111,10 +113,21 @@ def _train_cmd(args: argparse.Namespace) -> int:
         data["train"].update(overrides)
         config = parse_config(data, origin=f"{args.config} with {overrides}")
     require(config)
+    # Decided before any data is prepared: a finished run, or a checkpoint with other settings.
+    hw_plan = make_plan(detect(config.cache_dir, with_gpus=True), config, read_env())
+    decided = resume_plan(config, num_gpus=len(hw_plan.hardware.gpus))
+    if decided.status == "finished":
+        print(f"moai: {decided.detail}", file=sys.stderr)
+        return 0
     prepared = prepare(config, progress=not args.no_progress)
     _print_stages(prepared)
+
+    def show(line: str) -> None:  # metrics and the ranks' log records; everything is in the log file
+        if is_progress_line(line):
+            print(line, flush=True)
+
     try:
-        last = launch_training(config, prepared, on_line=lambda line: print(line, flush=True))
+        last = launch_training(config, prepared, on_line=show, plan=hw_plan)
     except TrainingFailed as err:
         print(f"moai: error: {err}", file=sys.stderr)
         return 1

@@ -262,21 +262,39 @@ def launch_training(
     on_metrics: Callable[[dict], None] | None = None,
     plan: Plan | None = None,
 ) -> dict[str, Any]:
-    """Train on prepared data with `accelerate launch python -m moai.train`; return the last metrics."""
+    """Train on prepared data with `accelerate launch python -m moai.train`; return the last metrics.
+
+    First `resume_plan` with everything known now (the GPUs, the prepared samples): a checkpoint
+    made with other settings is a `ConfigError` before launch, and a finished run is not launched
+    again (its last metrics are returned, with "status": "finished"). The whole output of the
+    launch goes to `<output_dir>/logs/train-<time>.log`, named by a failure's one-line message."""
     from moai import launch
     from moai.errors import DataError
+    from moai.train.checkpoint import resume_plan
+    from moai.train.data import num_train_samples
+    from moai.train.resolved import DataPaths
 
-    if config.train is None:
+    t = config.train
+    if t is None:
         raise DataError("no train section in the config: nothing to train")
     plan = plan or make_plan(detect(config.cache_dir, with_gpus=True), config, read_env())
-    data = {k: prepared[k] for k in ("sample_index", "tokenizer", "token_store")}
+    data = DataPaths.model_validate({k: prepared[k] for k in ("sample_index", "tokenizer", "token_store")})
+    num_gpus = len(plan.hardware.gpus)
+    decided = resume_plan(config, num_gpus=num_gpus, num_samples=num_train_samples(data, config.pack.seq_len))
+    log.info("train: %s", decided.detail)
+    if decided.status == "finished":
+        metrics = Path(t.output_dir) / "metrics.jsonl"
+        lines = metrics.read_text().splitlines() if metrics.is_file() else []
+        return {**launch.last_metrics(lines), "status": "finished", "step": decided.step}
     resolved = launch.resolve(config, data, plan.loader_workers.value)
     cmd = launch.launch_command(
-        config.train,
+        t,
         str(resolved),
-        num_gpus=len(plan.hardware.gpus),
+        num_gpus=num_gpus,
         port=launch.free_port(),
         accelerate_config=str(resolved.parent / "accelerate.yaml"),
     )
+    log_file = launch.log_path(resolved.parent, t.machine_rank, t.num_machines)
     log.info("launching %d training process(es): %s", cmd.num_processes, " ".join(cmd.argv))
-    return launch.run_launch(cmd, on_line, on_metrics)
+    log.info("the whole training output goes to %s", log_file)
+    return launch.run_launch(cmd, on_line, on_metrics, log_file=log_file)

@@ -4,7 +4,13 @@ Layout under `<output_dir>/checkpoints/step-<8 digits>/`: `model/` (save_pretrai
 with the tokenizer), `optimizer.pt`, `scheduler.pt`, `rng-<rank>.pt` (torch, numpy, python and
 CUDA RNG states of each rank) and `state.json` (`TrainState`). A checkpoint is written under
 `.tmp-step-…` and renamed once whole, so a kill never leaves a half one under a `step-` name;
-the last `keep_last` are kept. The finished model goes to `<output_dir>/final/`.
+the last `keep_last` are kept. The finished model goes to `<output_dir>/final/`, also published by
+rename, so a `final/` folder is a whole one.
+
+`resume_plan` decides, before any data is prepared or process launched, what a run with this
+config will do in its output_dir: start fresh, resume from the newest checkpoint, or nothing (it
+is finished); a checkpoint made with other settings is a `ConfigError` then, not after launch. It
+reads one small `state.json`.
 
 Costs: a save writes the weights and twice their size in optimizer state, from the main process,
 and waits for every rank three times; a load reads them back on every rank.
@@ -16,14 +22,16 @@ import json
 import logging
 import os
 import random
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from moai.config import ConfigError, TrainConfig
+from moai.config import ConfigError, PipelineConfig, TrainConfig
+from moai.errors import CacheError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +45,8 @@ class TrainState:
     run: dict[str, Any] | None = None
 
 
-def run_identity(t: TrainConfig, world: int, seq_len: int, num_samples: int) -> dict[str, Any]:
+def run_identity(t: TrainConfig, world: int | None, seq_len: int, num_samples: int | None) -> dict[str, Any]:
+    """What the order of samples and the learning rate depend on; None: not known yet (not compared)."""
     return {
         "seed": t.seed,
         "micro_batch_size": t.micro_batch_size,
@@ -47,6 +56,81 @@ def run_identity(t: TrainConfig, world: int, seq_len: int, num_samples: int) -> 
         "train_samples": num_samples,
         "max_steps": t.max_steps,
     }
+
+
+# Where each entry of a run identity comes from, as a user would change it.
+IDENTITY_SETTINGS = {
+    "seed": "train.seed",
+    "micro_batch_size": "train.micro_batch_size",
+    "grad_accum_steps": "train.grad_accum_steps",
+    "world_size": "ranks (train.num_processes x train.num_machines, or one per GPU)",
+    "seq_len": "pack.seq_len",
+    "train_samples": "training samples (the prepared data)",
+    "max_steps": "train.max_steps (the learning-rate schedule)",
+}
+
+
+def identity_mismatch(output_dir: Path, saved: dict[str, Any], now: dict[str, Any]) -> ConfigError | None:
+    """The one-line error for a checkpoint whose run identity differs from this run's (entries of
+    `now` that are None are not known yet and not compared); None when they agree."""
+    diff = {k: (saved.get(k), v) for k, v in now.items() if v is not None and saved.get(k) != v}
+    if not diff:
+        return None
+    what = ", ".join(
+        f"{IDENTITY_SETTINGS.get(k, k)} {old} in the checkpoint, {new} now" for k, (old, new) in diff.items()
+    )
+    return ConfigError(
+        f"train.output_dir {output_dir} holds checkpoints of a run with other settings: {what}; an exact resume "
+        f"needs the same ones: restore them, give train.output_dir another folder, or remove this one "
+        f"(rm -rf {shlex.quote(str(output_dir))}) to start over"
+    )
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a run will do in its output_dir: start at step 0, resume from a checkpoint, or nothing."""
+
+    status: Literal["fresh", "resume", "finished"]
+    step: int  # the newest checkpoint's step; 0 when fresh
+    detail: str  # one line saying so, for the terminal and `moai plan`
+
+
+def resume_plan(config: PipelineConfig, *, num_gpus: int | None = None, num_samples: int | None = None) -> ResumePlan:
+    """Decide from the config and the newest checkpoint's `state.json` (nothing else is read) what
+    training will do in train.output_dir; raise `ConfigError` when that checkpoint was made with
+    other settings. What is not known yet is not compared: the world size needs train.num_processes
+    or `num_gpus`, the number of training samples needs the prepared data (`num_samples`), so
+    `launch_training` asks again, with both, right before launching."""
+    t = config.train
+    if t is None:
+        raise ConfigError("the config has no train section: nothing to train (add one, or run moai prepare)")
+    out = Path(t.output_dir)
+    found = checkpoints(out)
+    if not found:
+        return ResumePlan("fresh", 0, f"no checkpoint in {out}: training starts at step 0")
+    newest = found[-1]
+    try:
+        state = TrainState(**json.loads((newest / "state.json").read_text()))
+    except (OSError, ValueError, TypeError) as err:
+        raise CacheError.damaged(newest, f"state.json cannot be read ({err})", "checkpoint") from None
+    if state.run is not None:
+        world = None
+        if t.num_processes is not None or num_gpus is not None:
+            world = (t.num_processes or max(1, num_gpus or 0)) * t.num_machines
+        now = run_identity(t, world, config.pack.seq_len, num_samples)
+        if (mismatch := identity_mismatch(out, state.run, now)) is not None:
+            raise mismatch
+    final = out / "final"
+    if state.step >= t.max_steps and final.is_dir():
+        return ResumePlan(
+            "finished",
+            state.step,
+            f"already at max_steps {t.max_steps} in {out}; to train further, continue from its final model in a "
+            f"new train.output_dir (train.mode: continue, train.init_from: {final})",
+        )
+    if state.step >= t.max_steps:
+        return ResumePlan("resume", state.step, f"{newest} is at max_steps {t.max_steps}: final eval and model to do")
+    return ResumePlan("resume", state.step, f"resuming from {newest} (step {state.step} of {t.max_steps})")
 
 
 def checkpoints(output_dir: Path) -> list[Path]:
@@ -100,12 +184,8 @@ def load_checkpoint(path: Path, accelerator, unwrapped, optimizer, scheduler, ex
     from safetensors.torch import load_file
 
     state = TrainState(**json.loads((path / "state.json").read_text()))
-    if state.run is not None and state.run != expected:
-        diff = {k: (state.run.get(k), v) for k, v in expected.items() if state.run.get(k) != v}
-        raise ConfigError(
-            f"{path.parent.parent} holds a run with other settings {diff} (checkpoint, now); an exact resume needs "
-            "the same ones: restore them, or give train.output_dir a new folder"
-        )
+    if state.run is not None and (mismatch := identity_mismatch(path.parent.parent, state.run, expected)) is not None:
+        raise mismatch
     weights = {}
     for f in sorted((path / "model").glob("*.safetensors")):
         weights.update(load_file(str(f)))
@@ -145,10 +225,13 @@ def resume(
 
 
 def save_final(accelerator, model, tokenizer, output_dir: Path) -> Path:
-    """Save the trained model and its tokenizer to `<output_dir>/final` (main process only)."""
-    final = output_dir / "final"
+    """Save the trained model and its tokenizer to `<output_dir>/final` (main process only),
+    written under `.tmp-final` and renamed once whole: `resume_plan` takes `final/` for a finished run."""
+    final, tmp = output_dir / "final", output_dir / ".tmp-final"
     if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
         shutil.rmtree(final, ignore_errors=True)
-        model.save_pretrained(final, safe_serialization=True)
-        tokenizer.save_pretrained(final)
+        os.rename(tmp, final)
     return final

@@ -156,6 +156,12 @@ def open_data(data: DataPaths, split: str, seq_len: int, pad_id: int) -> Dataset
     return DocumentDataset(data.token_store, split, seq_len, pad_id)
 
 
+def num_train_samples(data: DataPaths, seq_len: int) -> int:
+    """How many samples the train split has, as every rank counts them (a run identity entry);
+    memory-maps the data, reads no tokens."""
+    return len(open_data(data, "train", seq_len, pad_id=0))
+
+
 class StepBatches:
     """Batch sampler for this rank from a given step on: yields lists of sample ids, O(1) to start."""
 

@@ -1,5 +1,6 @@
 """Real `accelerate launch` runs on CPU: learning, exact resume (1 and 2 ranks), 2-rank sharding,
-a failing rank, and the final model loading with from_pretrained."""
+a failing rank (one line on the terminal, the whole output in a log file), resume decided before
+data prep and launch, and the final model loading with from_pretrained."""
 
 import json
 import math
@@ -138,7 +139,7 @@ def test_two_cpu_ranks_see_disjoint_samples(learnable, tmp_path):
     assert ranks[0]["first_samples"] and not set(ranks[0]["first_samples"]) & set(ranks[1]["first_samples"])
 
 
-def test_a_failing_rank_fails_the_launch_fast_with_its_message(tmp_path):
+def test_a_failing_rank_fails_the_launch_fast_with_one_line_and_a_full_log(tmp_path):
     t = parse_config(
         {"source": {"path": "x"}, "tokenizer": {"path": "t"}, "train": {"model_config": TINY, "num_processes": 2}}
     ).train
@@ -151,11 +152,16 @@ def test_a_failing_rank_fails_the_launch_fast_with_its_message(tmp_path):
     )
     env = {**launch.env, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "assets"), str(ROOT)])}
     lines = []
+    log_file = tmp_path / "logs" / "train.log"
     started = time.monotonic()
-    with pytest.raises(TrainingFailed, match="rank 1: ValueError: rank one broke on purpose") as err:
-        run_launch(Launch(launch.argv, env, launch.num_processes), on_line=lines.append)
+    with pytest.raises(TrainingFailed) as err:
+        run_launch(Launch(launch.argv, env, launch.num_processes), on_line=lines.append, log_file=log_file)
     assert time.monotonic() - started < 30
-    assert "--- last lines ---" in str(err.value) and lines
+    assert str(err.value) == f"training failed: rank 1: ValueError: rank one broke on purpose; full log: {log_file}"
+    assert err.value.log_path == str(log_file) and err.value.tail
+    log = log_file.read_text()
+    assert log.splitlines() == lines  # every line, in order: the tracebacks are there, not in the message
+    assert "Traceback (most recent call last)" in log and "ValueError: rank one broke on purpose" in log
 
 
 def _port() -> int:
@@ -208,23 +214,67 @@ run_launch(Launch(l.argv, {{**l.env, "PYTHONPATH": {str(ROOT / "tests" / "assets
         raise AssertionError("the training process outlived its cancelled caller")
 
 
-def test_resuming_with_other_settings_is_refused(learnable, tmp_path):
-    root, corpus, tok = learnable
-    out = tmp_path / "run"
-    moai_train(config(root, corpus, tok, out, max_steps=4, save_every=2, stop_after_steps=2), tmp_path)
-    f = tmp_path / "changed.yaml"
-    f.write_text(yaml.safe_dump(config(root, corpus, tok, out, max_steps=4, save_every=2, micro_batch_size=2)))
-    res = subprocess.run(
+def moai_cli(cfg: dict, where: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    f = where / f"config-{time.monotonic_ns()}.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    return subprocess.run(
         [PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"],
         capture_output=True,
         text=True,
         env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=300,
+        cwd=where,
+        timeout=timeout,
     )
+
+
+def test_resume_is_decided_before_data_prep_and_launch(learnable, tmp_path):
+    root, corpus, tok = learnable
+    out = tmp_path / "run"
+    moai_train(config(root, corpus, tok, out, max_steps=4, save_every=2, stop_after_steps=2), tmp_path)
+
+    # Other settings: one line naming the folder, the setting (old and new) and the fix, before
+    # any data is prepared (this config's own cache stays empty) or anything launched.
+    changed = config(root, corpus, tok, out, max_steps=4, save_every=2, micro_batch_size=2)
+    changed["cache_dir"] = str(tmp_path / "other-cache")
+    started = time.monotonic()
+    res = moai_cli(changed, tmp_path)
+    assert res.returncode == 2 and time.monotonic() - started < 30
+    assert res.stderr.strip().splitlines() == [
+        f"moai: error: train.output_dir {out} holds checkpoints of a run with other settings: "
+        "train.micro_batch_size 4 in the checkpoint, 2 now; an exact resume needs the same ones: restore them, "
+        f"give train.output_dir another folder, or remove this one (rm -rf {out}) to start over"
+    ]
+    assert not (tmp_path / "other-cache").exists() and len(list((out / "logs").iterdir())) == 1
+
+    moai_train(config(root, corpus, tok, out, max_steps=4, save_every=2), tmp_path)  # resumes, finishes
+    assert (out / "final").is_dir() and len(list((out / "logs").iterdir())) == 2
+
+    # Finished: one line, exit 0, no data prep and no launch.
+    res = moai_cli(config(root, corpus, tok, out, max_steps=4, save_every=2), tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"moai: already at max_steps 4 in {out}; to train further, continue from its final model" in res.stderr
+    assert "launching" not in res.stderr and res.stdout == ""
+    assert len(list((out / "logs").iterdir())) == 2
+
+
+def test_a_failing_training_is_one_line_on_the_terminal(learnable, tmp_path):
+    root, corpus, tok = learnable
+    out = tmp_path / "bad"
+    cfg = config(root, corpus, tok, out, num_processes=2, max_steps=2)
+    cfg["train"]["model_config"] = {**TINY, "num_key_value_heads": 3}  # fails in the first forward pass
+    res = moai_cli(cfg, tmp_path)
     assert res.returncode == 1
-    assert "ConfigError: " in res.stderr and "holds a run with other settings" in res.stderr
-    assert "micro_batch_size" in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    m = re.fullmatch(
+        r"moai: error: training failed: rank \d: RuntimeError: (.+?)( \(and 1 more rank\(s\)\))?; full log: (.+)", last
+    )
+    assert m, last
+    log = Path(m.group(3))
+    assert log.parent == out / "logs" and re.fullmatch(r"train-\d{8}-\d{6}\.log", log.name)
+    assert "Traceback" not in res.stdout + res.stderr and "CalledProcessError" not in res.stdout + res.stderr
+    assert all(line.startswith("{") for line in res.stdout.splitlines())  # metrics lines only
+    text = log.read_text()
+    assert text.count("Traceback (most recent call last)") >= 2 and m.group(1) in text
 
 
 def test_unpacked_training_then_continued_pretraining(learnable, tmp_path):

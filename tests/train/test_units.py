@@ -333,3 +333,141 @@ def test_a_bad_resolved_json_fails_the_rank_with_one_line(tmp_path):
     )
     assert out.returncode != 0 and out.stdout == ""
     assert f"[rank 3] moai.train failed: ConfigError: {path}: surprise: unknown key" in out.stderr
+
+
+def _checkpoint(out, step: int, run: dict | None, final: bool = False) -> None:
+    """What save_checkpoint leaves for resume_plan to read: state.json (and final/ once finished)."""
+    folder = out / "checkpoints" / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(
+        json.dumps({"step": step, "samples_consumed": 0, "tokens_consumed": 0, "run": run})
+    )
+    if final:
+        (out / "final").mkdir()
+
+
+def _identity(**changes):
+    return {
+        "seed": 0,
+        "micro_batch_size": 8,
+        "grad_accum_steps": 1,
+        "world_size": 2,
+        "seq_len": 2048,
+        "train_samples": 1000,
+        "max_steps": 10,
+        **changes,
+    }
+
+
+def test_resume_plan_decides_fresh_resume_and_finished_from_small_files(tmp_path):
+    from moai.train.checkpoint import resume_plan
+
+    out = tmp_path / "run"
+    config = resolved_cfg(tmp_path, max_steps=10, num_processes=2)
+    plan = resume_plan(config)
+    assert (plan.status, plan.step) == ("fresh", 0) and str(out) in plan.detail
+
+    _checkpoint(out, 4, _identity())
+    plan = resume_plan(config, num_gpus=0, num_samples=1000)
+    assert (plan.status, plan.step) == ("resume", 4) and "step-00000004" in plan.detail
+
+    _checkpoint(out, 10, _identity())  # at max_steps without final/: the launch still evaluates and saves it
+    assert resume_plan(config).status == "resume"
+    (out / "final").mkdir()
+    plan = resume_plan(config)
+    assert (plan.status, plan.step) == ("finished", 10)
+    assert plan.detail.startswith(f"already at max_steps 10 in {out}") and "\n" not in plan.detail
+
+    # a checkpoint written before the run identity was recorded cannot be compared: it resumes
+    old = tmp_path / "old"
+    _checkpoint(old, 3, None)
+    assert resume_plan(resolved_cfg(tmp_path, output_dir=str(old), micro_batch_size=1)).status == "resume"
+
+
+@pytest.mark.parametrize(
+    ("train", "kwargs", "names"),
+    [
+        ({"micro_batch_size": 4}, {}, ["train.micro_batch_size 8 in the checkpoint, 4 now"]),
+        ({"seed": 3, "max_steps": 20}, {}, ["train.seed 0 in the checkpoint, 3 now", "train.max_steps"]),
+        ({"num_processes": 1}, {}, ["ranks (train.num_processes"]),  # world size known from the config
+        ({"num_processes": None}, {"num_gpus": 4}, ["ranks", "2 in the checkpoint, 4 now"]),
+        ({}, {"num_samples": 999}, ["training samples (the prepared data) 1000 in the checkpoint, 999 now"]),
+    ],
+)
+def test_resume_plan_refuses_other_settings_with_one_line(tmp_path, train, kwargs, names):
+    from moai.train.checkpoint import resume_plan
+
+    out = tmp_path / "run"
+    _checkpoint(out, 4, _identity())
+    config = parse_config(
+        {
+            **BASE,
+            "pack": {"seq_len": 2048},
+            "train": {
+                "model_config": {"model_type": "llama"},
+                "output_dir": str(out),
+                "max_steps": 10,
+                "micro_batch_size": 8,
+                "num_processes": 2,
+                **train,
+            },
+        }
+    )
+    with pytest.raises(ConfigError) as err:
+        resume_plan(config, **kwargs)
+    message = str(err.value)
+    assert message.startswith(f"train.output_dir {out} holds checkpoints of a run with other settings: ")
+    assert "\n" not in message and f"rm -rf {out}" in message and "another folder" in message
+    for name in names:
+        assert name in message
+
+
+def test_resume_plan_leaves_what_is_not_known_yet_and_names_a_damaged_state(tmp_path):
+    from moai.errors import CacheError
+    from moai.train.checkpoint import resume_plan
+
+    out = tmp_path / "run"
+    _checkpoint(out, 4, _identity())
+    # world size (no num_processes, no GPU count) and samples (no data yet) are not compared
+    config = resolved_cfg(tmp_path, max_steps=10, micro_batch_size=8)
+    config = config.model_copy(update={"pack": config.pack.model_copy(update={"seq_len": 2048})})
+    assert resume_plan(config).status == "resume"
+    (out / "checkpoints" / "step-00000004" / "state.json").write_text("{")
+    with pytest.raises(CacheError, match=r"checkpoint .*step-00000004 is damaged: state.json cannot be read"):
+        resume_plan(config)
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ('{"step": 3, "loss": 2.5}', True),
+        ('{"step": 3, "eval_loss": 2.5}', True),
+        ('{"event": "start", "step": 0}', True),
+        ('{"not": "metrics"}', False),
+        ("2026-01-02 03:04:05,678 [rank 1] INFO moai.train.checkpoint: resumed from x at step 5", True),
+        ("2026-01-02 03:04:05,678 [rank 0] WARNING transformers.modeling_utils: something", True),
+        ("Traceback (most recent call last):", False),
+        ('  File "/x/loop.py", line 3, in train', False),
+        ("[rank 1] moai.train failed: ValueError: broke", False),  # the summary line says it
+        ("[rank0]: ValueError: broke", False),
+        ("subprocess.CalledProcessError: Command '[...]' returned non-zero exit status 1.", False),
+        ("W1123 01:36:47.997000 18251 torch/distributed/run.py:792] Setting OMP_NUM_THREADS", False),
+    ],
+)
+def test_the_terminal_shows_metrics_and_rank_records_only(line, shown):
+    from moai.launch import is_progress_line
+
+    assert is_progress_line(line) is shown
+
+
+def test_failure_reason_is_one_line():
+    from moai.launch import failure_reason, last_metrics
+
+    assert failure_reason(["rank 1: ValueError: x"], [], 1) == "rank 1: ValueError: x"
+    assert failure_reason(["rank 1: A: x", "rank 0: B: y"], [], 1) == "rank 1: A: x (and 1 more rank(s))"
+    tail = ["Traceback (most recent call last):", "  File ...", "torch.OutOfMemoryError: no memory", "x"]
+    tail += ["subprocess.CalledProcessError: Command '[...]' returned non-zero exit status 1."]
+    assert failure_reason([], tail, 1) == "accelerate launch exited with code 1: torch.OutOfMemoryError: no memory"
+    assert failure_reason([], ["killed"], -9) == "accelerate launch exited with code -9"
+    lines = ['{"event": "start", "step": 0}', '{"step": 1, "loss": 2.0}', "noise", '{"step": 1, "eval_loss": 1.5}']
+    assert last_metrics(lines) == {"event": "start", "step": 1, "loss": 2.0, "eval_loss": 1.5}
