@@ -12,9 +12,9 @@ import os
 import string
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, model_validator
 
 from moai.errors import ConfigError
 
@@ -135,10 +135,14 @@ class TrainConfig(_Model):
     mode: Literal["pretrain", "continue"] = Field(
         "pretrain", description="pretrain: random init from model_config; continue: weights from init_from."
     )
-    model: str | dict[str, Any] | None = Field(
+    # The JSON schema says no type: Prefect's run form cannot draw an anyOf of a string and an object
+    # (docs/FIELD-NOTES.md) and draws a property without a type as a JSON box, which takes both a
+    # "path/config.json" string and an inline {...} dict. Validation is unchanged.
+    model: Annotated[str | dict[str, Any] | None, WithJsonSchema({})] = Field(
         None,
         alias="model_config",
-        description="A transformers config.json path or an inline dict with model_type (llama, qwen2, qwen3, ...).",
+        description="A transformers config.json path (a JSON string) or an inline dict with model_type "
+        "(llama, qwen2, qwen3, ...).",
     )
     init_from: str | None = Field(None, description="A save_pretrained folder to continue from (mode: continue).")
     output_dir: str = "runs/moai"
