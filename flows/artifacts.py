@@ -1,83 +1,197 @@
 """What the pretrain flow shows in the Prefect UI: pure renderers, then the few calls that publish.
 
-The renderers (`report_rows`, `packing_markdown`, `loss_curve_markdown`) take plain data and
-return table rows or markdown; they import nothing from Prefect and are unit-tested. The
-`publish_*` functions hand their output to Prefect's artifact API and only run inside a flow.
+The run shows few cards, each one kept up to date instead of added again: the `overview` (every
+stage in pipeline order, then each stage's detail and the packing histogram), the `training`
+view (chart and latest figures, `flows/training_view.py`), the hardware plan and progress bars.
+Prefect lists a run's cards in artifact-id order, which is random (docs/FIELD-NOTES.md), so the
+order that matters lives inside one card. Paths are text: a `file://` link opens nothing in a
+browser, and the path is on the worker, not the viewer's machine.
+
+The renderers take plain data and return markdown or rows; they import nothing from Prefect and
+are unit-tested. `LiveMarkdown`, `Progress` and `publish_*` call Prefect's artifact API and only
+run inside a flow.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
 
+from moai.config import PipelineConfig
 from moai.hardware import Plan
 from moai.pipeline import StageResult
 
-# -- pure: data in, rows or markdown out -------------------------------------------------------------
+# -- pure: formatting ------------------------------------------------------------------------------
 
 
-def report_rows(result: StageResult) -> list[dict[str, str]]:
-    """A stage's report as field/value rows, plus where its output is and whether it was built now."""
-    flat = {
-        k: (json.dumps(v) if isinstance(v, (dict, list)) else v)
-        for k, v in result.report.items()
-        if k not in ("splits",)
-    }
-    rows = [{"field": k, "value": str(v)} for k, v in flat.items()]
-    return [*rows, {"field": "output", "value": result.path}, {"field": "built now", "value": str(result.built)}]
+def number(v: Any) -> str:
+    """A number as a reader wants it: thousands separators, 4 significant digits, tiny or huge
+    floats in scientific notation; None as an em dash."""
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e9):
+            return f"{v:.2e}"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.4g}"
+    return str(v)
 
 
-def packing_markdown(pack: StageResult) -> str:
+def value(v: Any) -> str:
+    """Any report value as one short line: dicts as `key value, …`, lists comma-joined."""
+    if isinstance(v, Mapping):
+        return ", ".join(f"{k} {number(x)}" for k, x in v.items()) or "none"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(value(x) for x in v) or "none"
+    return number(v)
+
+
+def duration(seconds: float | None) -> str:
+    """12 s, 3 min 05 s, 2 h 04 min."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def hardware_text(plan: Plan) -> str:
+    h = plan.hardware
+    gpus = f"{len(h.gpus)} GPU ({', '.join(sorted(set(h.gpus)))})" if h.gpus else "no GPU"
+    return (
+        f"{h.cores} cores, {h.mem_available_gb:.1f} GB memory free, {gpus}, "
+        f"{h.disk_free_gb:,.0f} GB free on {h.disk_type} disk"
+    )
+
+
+# -- pure: the overview -------------------------------------------------------------------------------
+
+
+def _rows_text(report: dict[str, Any]) -> str:
+    if "rows_in" in report and "rows_out" in report:
+        return f"{number(report['rows_in'])} → {number(report['rows_out'])}"
+    return number(report.get("documents")) if "documents" in report else "—"
+
+
+def _throughput(report: dict[str, Any]) -> str:
+    seconds = report.get("seconds")
+    if "tokens_per_s" in report:
+        return f"{number(report['tokens_per_s'])} tokens/s"
+    rows = report.get("rows_in", report.get("documents"))
+    if isinstance(rows, int) and isinstance(seconds, (int, float)) and seconds > 0:
+        return f"{number(rows / seconds)} rows/s"
+    return "—"
+
+
+def overview_rows(results: Mapping[str, StageResult], cache_dir: str | None = None) -> list[dict[str, str]]:
+    """One row per stage, in pipeline order (the order of `results`): what a reader scans first.
+    Outputs under `cache_dir` are shown relative to it (the overview names the cache once)."""
+
+    def where(path: str) -> str:
+        if cache_dir is not None:
+            with contextlib.suppress(ValueError):
+                return str(Path(path).relative_to(Path(cache_dir).resolve()))
+        return path
+
+    return [
+        {
+            "stage": name,
+            "built or reused": "built" if r.built else "reused",
+            "rows in → out": _rows_text(r.report),
+            "dropped, by reason": value(r.report["dropped"]) if "dropped" in r.report else "—",
+            "tokens": number(r.report.get("tokens")),
+            "seconds": number(r.report.get("seconds")) if r.built else "— (reused)",
+            "throughput": _throughput(r.report) if r.built else "—",
+            "output": where(r.path),
+        }
+        for name, r in results.items()
+    ]
+
+
+def markdown_table(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return ""
+    head = list(rows[0])
+    cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell(r[k]) for k in head) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+DETAIL_HIDDEN = ("splits", "rows_in", "rows_out", "dropped", "seconds", "warnings")
+
+
+def stage_detail(result: StageResult, config: PipelineConfig | None = None) -> str:
+    """A stage's report, beyond the overview's columns, as a short list."""
+    report = result.report
+    lines = [f"- {k.replace('_', ' ')}: {value(v)}" for k, v in report.items() if k not in DETAIL_HIDDEN and v]
+    trained = config.tokenizer.train if config is not None else None
+    if result.stage == "tokenizer" and trained is not None and report.get("vocab_size", 0) < trained.vocab_size:
+        lines = [
+            f"- vocab size: {number(report['vocab_size'])} ({number(trained.vocab_size)} asked: the corpus has "
+            "too few distinct merges for more)"
+            if line.startswith("- vocab size")
+            else line
+            for line in lines
+        ]
+    lines += [f"- warning: {w}" for w in report.get("warnings") or []]
+    lines.append(f"- {'built in this run' if result.built else 'reused from the cache'}: `{result.path}`")
+    return f"### {result.stage}\n\n" + "\n".join(lines)
+
+
+def overview_markdown(
+    results: Mapping[str, StageResult], config: PipelineConfig | None = None, plan: Plan | None = None
+) -> str:
+    """The run's overview: the stage table in pipeline order, then each stage's detail (packing with
+    its histogram)."""
+    built = sum(r.built for r in results.values())
+    head = f"# Data stages: {built} built, {len(results) - built} reused"
+    cache_dir = str(Path(config.cache_dir).resolve()) if config is not None else None
+    if cache_dir is not None:
+        head += f"\n\nOutputs are folders under the cache `{cache_dir}`."
+    if plan is not None:
+        head += f"\n\nOn {hardware_text(plan)}."
+    parts = [head, markdown_table(overview_rows(results, cache_dir)), "## Stage detail"]
+    for r in results.values():
+        parts.append(stage_detail(r, config))
+        if r.stage == "pack" and "splits" in r.report:
+            parts.append(packing_markdown(r, heading="####"))
+    return "\n\n".join(parts) + "\n"
+
+
+def bar(count: int, most: int, width: int = 30) -> str:
+    """A histogram bar: none for an empty bucket, at least one block for a non-empty one."""
+    return "" if count <= 0 else "█" * max(1, round(width * count / max(1, most)))
+
+
+def packing_markdown(pack: StageResult, heading: str = "#") -> str:
     """Document-length histogram and packing efficiency of the train split, as markdown."""
     train = pack.report["splits"]["train"]
     most = max((b["documents"] for b in train["length_histogram"]), default=1) or 1
     rows = "\n".join(
-        f"| {b['from']}–{b['to'] if b['to'] is not None else '∞'} | {b['documents']:,} "
-        f"| {'█' * round(30 * b['documents'] / most)} |"
+        f"| {b['from']:,}–{number(b['to']) if b['to'] is not None else '∞'} | {b['documents']:,} "
+        f"| {bar(b['documents'], most)} |"
         for b in train["length_histogram"]
-        if b["documents"]
     )
     return (
-        f"# Packing (train split)\n\n- samples: {train['samples']:,} × {pack.report['seq_len']} tokens\n"
+        f"{heading} Packing (train split)\n\n- samples: {train['samples']:,} × {pack.report['seq_len']:,} tokens\n"
         f"- tokens used: {train['tokens_used']:,} of {train['tokens']:,} ({100 * train['fraction_used']:.2f}%),"
         f" padding: 0\n- documents split across samples: {train['documents_split']:,} of {train['documents']:,}\n"
         f"- mean document length: {train['mean_document_tokens']} tokens\n\n"
-        f"## Document lengths (tokens)\n\n| length | documents | |\n|---|---:|---|\n{rows}\n"
+        f"{heading}# Document lengths (tokens)\n\n| length | documents | |\n|---|---:|---|\n{rows}\n"
     )
-
-
-def loss_curve_markdown(metrics_file: Path, width: int = 60, height: int = 12) -> str:
-    """The loss curve as a text chart plus a table, for a markdown artifact."""
-    points = [(r["step"], r["loss"]) for r in map(json.loads, metrics_file.read_text().splitlines()) if "loss" in r]
-    if not points:
-        return "# Loss curve\n\nno loss lines yet"
-    steps, losses = zip(*points, strict=True)
-    lo, hi = min(losses), max(losses)
-    grid = [[" "] * width for _ in range(height)]
-    for s, v in points:
-        x = round((s - steps[0]) / max(1, steps[-1] - steps[0]) * (width - 1))
-        y = round((hi - v) / ((hi - lo) or 1) * (height - 1))
-        grid[y][x] = "•"
-    chart = "\n".join(f"{hi - (hi - lo) * i / (height - 1):8.3f} │{''.join(row)}" for i, row in enumerate(grid))
-    chart += f"\n{'':8} └{'─' * width}\n{'':10}step {steps[0]} … {steps[-1]}"
-    table = "| step | loss |\n|---:|---:|\n" + "\n".join(f"| {s} | {v:.4f} |" for s, v in points)
-    return f"# Loss curve\n\n```\n{chart}\n```\n\n{table}\n"
-
-
-def summary_markdown(out: dict[str, Any]) -> str:
-    return (
-        f"# moai data\n\n- token store: `{out['token_store']}`\n- sample index: `{out['sample_index']}`\n"
-        f"- documents: {out['num_documents']:,}\n- tokens: {out['num_tokens']:,}\n"
-    )
-
-
-TRAIN_SHOWN = ("step", "loss", "eval_loss", "eval_ppl", "tokens_per_s", "mfu", "grad_norm", "lr", "final_model")
-
-
-def train_rows(last: dict[str, Any]) -> list[dict[str, str]]:
-    return [{"metric": k, "value": str(last.get(k))} for k in TRAIN_SHOWN]
 
 
 # -- publishing: Prefect's artifact API, inside a flow run --------------------------------------------
@@ -86,35 +200,27 @@ def train_rows(last: dict[str, Any]) -> list[dict[str, str]]:
 def publish_plan(plan: Plan) -> None:
     from prefect.artifacts import create_table_artifact
 
-    create_table_artifact(plan.rows(), key="hardware-plan", description=f"Hardware plan: {plan.hardware}")
+    create_table_artifact(plan.rows(), key="hardware-plan", description=f"Hardware plan on {hardware_text(plan)}")
 
 
-def publish_stage(result: StageResult) -> None:
-    """A table of the stage's report and a link to its output folder."""
-    from prefect.artifacts import create_link_artifact, create_table_artifact
+class LiveMarkdown:
+    """A markdown artifact created once and then updated in place: the run keeps one card that
+    always shows the newest content (creating it again would add a version per update)."""
 
-    create_table_artifact(
-        report_rows(result), key=f"stage-{result.stage}", description=f"{result.stage} report: {result.path}"
-    )
-    create_link_artifact(
-        Path(result.path).as_uri(),
-        link_text=result.path,
-        key=f"stage-{result.stage}-output",
-        description=f"{result.stage} output folder",
-    )
+    def __init__(self, key: str, description: str | None = None):
+        self.key, self.description = key, description
+        self.id: UUID | None = None
 
+    def __call__(self, markdown: str) -> None:
+        from prefect.artifacts import create_markdown_artifact
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactUpdate
 
-def publish_markdown(markdown: str, key: str) -> None:
-    from prefect.artifacts import create_markdown_artifact
-
-    create_markdown_artifact(markdown, key=key)
-
-
-def publish_training(last: dict[str, Any], output_dir: str) -> None:
-    from prefect.artifacts import create_table_artifact
-
-    create_table_artifact(train_rows(last), key="train-summary", description=f"training: {output_dir}")
-    publish_markdown(loss_curve_markdown(Path(output_dir) / "metrics.jsonl"), key="train-loss-curve")
+        if self.id is None:
+            self.id = cast(UUID, create_markdown_artifact(markdown, key=self.key, description=self.description))
+            return
+        with get_client(sync_client=True) as client:
+            client.update_artifact(self.id, ArtifactUpdate(data=markdown))
 
 
 class Progress:
@@ -124,10 +230,10 @@ class Progress:
         self.key, self.description = key, description
         self.id: UUID | None = None
 
-    def __call__(self, fraction: float) -> None:
+    def __call__(self, fraction: float, description: str | None = None) -> None:
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
         if self.id is None:
             # typed for sync and async callers alike (UUID | Coroutine); called from sync code it returns the UUID
             self.id = cast(UUID, create_progress_artifact(0.0, key=self.key, description=self.description))
-        update_progress_artifact(self.id, 100.0 * fraction)
+        update_progress_artifact(self.id, 100.0 * fraction, description=description)

@@ -15,6 +15,7 @@ rebuilds instead of returning a path that no longer exists. What the UI shows is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -30,6 +31,7 @@ if not __package__:  # run as a script (python flows/pretrain.py) or loaded by p
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows import artifacts
+from flows.training_view import TrainingView
 from moai import pipeline, preflight
 from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan
@@ -103,19 +105,13 @@ def dask_workers(config: PipelineConfig, plan: Plan) -> int:
 
 @task(name="train")
 def train_task(config: PipelineConfig, prepared: dict[str, Any]) -> dict[str, Any]:
-    """accelerate launch the training; every output line goes to this run's logs."""
-    log = get_run_logger()
+    """accelerate launch the training (not when its output_dir is at max_steps already); the run's
+    training card, progress bar and logs follow it live (`flows/training_view.py`)."""
     t = config.train
     assert t is not None  # the flow runs this task only for a config with a train section
-    progress = artifacts.Progress("train-progress", f"training steps done of {t.max_steps}")
-
-    def on_metrics(record: dict) -> None:
-        if "loss" in record:
-            progress(record["step"] / t.max_steps)
-
-    last = launch_training(config, prepared, on_line=log.info, on_metrics=on_metrics)
-    progress(1.0)
-    artifacts.publish_training(last, t.output_dir)
+    view = TrainingView(str(Path(t.output_dir).resolve()), t.max_steps, log=get_run_logger().info)
+    last = launch_training(config, prepared, on_line=view.on_line, on_metrics=view.on_metrics)
+    view.finish(last)
     return last
 
 
@@ -153,6 +149,8 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
     preflight.require(config)  # mistakes decidable from the config: one error before any stage runs
     plan = make_plan(detect(config.cache_dir), config, read_env())
     artifacts.publish_plan(plan)
+    overview = artifacts.LiveMarkdown("overview", "the data stages in pipeline order, then each stage's detail")
+    done: dict[str, StageResult] = {}
 
     def run(name: str, inputs: Inputs) -> StageResult:
         fresh = not pipeline.is_published(config, name, inputs)
@@ -166,18 +164,21 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
                 sum(u["skipped"] for u in units),
             )
             options = {"num_shards": num}
-        result = stage_task.with_options(name=name, refresh_cache=fresh)(config, name, inputs, plan, options)
-        log.info("%s: %s", name, result.path)
-        artifacts.publish_stage(result)
+        state = stage_task.with_options(name=name, refresh_cache=fresh)(
+            config, name, inputs, plan, options, return_state=True
+        )
+        result: StageResult = state.result()
+        if state.name == "Cached":  # Prefect returned the result of the run that built it
+            result = dataclasses.replace(result, built=False)
+            log.info("%s: reused %s (Prefect cache)", name, result.path)
+        done[name] = result
+        overview(artifacts.overview_markdown(done, config, plan))
         return result
 
     results = pipeline.walk(config, run, root_values=fingerprint_task(config))
-    if "pack" in results:
-        artifacts.publish_markdown(artifacts.packing_markdown(results["pack"]), key="packing")
     out = summary(results)
     if config.train is not None and config.train.enabled:
         out["train"] = train_task(config, out)
-    artifacts.publish_markdown(artifacts.summary_markdown(out), key="pretrain-summary")
     return out
 
 

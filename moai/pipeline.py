@@ -175,7 +175,8 @@ def run_stage(
         return s.build(ctx, out)
 
     pub = store.build(name, key, build, manifest={"upstream": ups, "settings": settings, "version": s.version})
-    log.info("%s: %s %s", name, "built" if pub.built else "reused", pub.path)
+    if not pub.built:  # a build is logged once, by the store, with its path ("published ...")
+        log.info("%s: reused %s", name, pub.path)
     return StageResult(name, key, str(pub.path), dict(pub.manifest["report"]), pub.built)
 
 

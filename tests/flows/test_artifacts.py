@@ -2,28 +2,60 @@
 
 from __future__ import annotations
 
-import json
-
 from flows import artifacts
+from moai.config import parse_config
 from moai.pipeline import StageResult
 
 
-def test_report_rows_say_where_the_output_is_and_whether_it_was_built():
-    r = StageResult(
-        "filter",
-        "k",
-        "/c/filter/k",
-        {"rows_in": 10, "rows_out": 8, "dropped": {"empty": 2}, "splits": {"x": 1}},
-        built=False,
-    )
-    rows = {row["field"]: row["value"] for row in artifacts.report_rows(r)}
-    assert rows["rows_in"] == "10" and rows["dropped"] == '{"empty": 2}' and "splits" not in rows
-    assert rows["output"] == "/c/filter/k" and rows["built now"] == "False"
+def _results() -> dict[str, StageResult]:
+    report = {"rows_in": 3000, "rows_out": 2994, "dropped": {"empty": 6}, "seconds": 0.5}
+    return {
+        "convert": StageResult(
+            "convert", "k1", "/c/convert/k1", {"rows_in": 3000, "rows_out": 3000, "seconds": 6.4}, True
+        ),
+        "filter": StageResult("filter", "k2", "/c/filter/k2", report, False),
+        "tokenizer": StageResult("tokenizer", "k3", "/c/tokenizer/k3", {"documents": 2844, "vocab_size": 776}, True),
+        "tokenize": StageResult(
+            "tokenize", "k4", "/c/tokenize/k4", {"rows_in": 2994, "tokens": 161699, "tokens_per_s": 132490.8}, True
+        ),
+    }
 
 
-def test_packing_markdown_shows_non_empty_buckets_only():
+def test_numbers_read_as_a_person_writes_them():
+    assert artifacts.number(161699) == "161,699" and artifacts.number(0.0003051371575761435) == "3.05e-04"
+    assert artifacts.number(3.14159) == "3.142" and artifacts.number(132490.8) == "132,491"
+    assert artifacts.number(None) == "—" and artifacts.number(True) == "yes"
+    assert artifacts.value({"empty": 6, "too_long": 1200}) == "empty 6, too_long 1,200"
+    assert artifacts.value({}) == "none"
+    assert artifacts.duration(5.25) == "5.2 s" and artifacts.duration(185) == "3 min 05 s"
+    assert artifacts.duration(7500) == "2 h 05 min" and artifacts.duration(None) == "—"
+
+
+def test_overview_rows_are_in_pipeline_order_and_say_built_or_reused():
+    rows = artifacts.overview_rows(_results())
+    assert [r["stage"] for r in rows] == ["convert", "filter", "tokenizer", "tokenize"]
+    convert, filt, tokenizer, tokenize = rows
+    assert convert["built or reused"] == "built" and filt["built or reused"] == "reused"
+    assert filt["rows in → out"] == "3,000 → 2,994" and filt["dropped, by reason"] == "empty 6"
+    assert filt["seconds"] == "— (reused)" and filt["throughput"] == "—"
+    assert convert["throughput"] == "468.8 rows/s" and tokenize["throughput"] == "132,491 tokens/s"
+    assert tokenize["tokens"] == "161,699" and tokenizer["rows in → out"] == "2,844"
+    assert convert["output"] == "/c/convert/k1"  # the path as text: no file:// link
+
+
+def test_overview_markdown_has_the_table_then_each_stage_and_hints_at_a_small_vocabulary():
+    cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"train": {"vocab_size": 2048}}})
+    md = artifacts.overview_markdown(_results(), cfg)
+    assert md.startswith("# Data stages: 3 built, 1 reused")
+    assert "| stage | built or reused | rows in → out |" in md and "file://" not in md
+    assert md.index("### convert") < md.index("### filter") < md.index("### tokenizer")
+    assert "vocab size: 776 (2,048 asked" in md
+    assert "reused from the cache: `/c/filter/k2`" in md and "built in this run: `/c/convert/k1`" in md
+
+
+def test_packing_histogram_gives_empty_buckets_no_bar_and_small_ones_a_visible_one():
     hist = [
-        {"from": 1, "to": 64, "documents": 30},
+        {"from": 1, "to": 64, "documents": 3000},
         {"from": 65, "to": 128, "documents": 0},
         {"from": 129, "to": None, "documents": 3},
     ]
@@ -36,32 +68,16 @@ def test_packing_markdown_shows_non_empty_buckets_only():
                 "tokens": 330,
                 "fraction_used": 0.97,
                 "documents_split": 4,
-                "documents": 33,
+                "documents": 3003,
                 "mean_document_tokens": 10,
                 "length_histogram": hist,
             }
         },
     }
     md = artifacts.packing_markdown(StageResult("pack", "k", "/p", report, True))
-    assert "| 1–64 | 30 | " + "█" * 30 + " |" in md and "65–128" not in md and "| 129–∞ | 3 |" in md
+    assert "| 1–64 | 3,000 | " + "█" * 30 + " |" in md and "| 65–128 | 0 |  |" in md and "| 129–∞ | 3 | █ |" in md
     assert "97.00%" in md and "5 × 64 tokens" in md
 
 
-def test_loss_curve_from_metrics_lines(tmp_path):
-    f = tmp_path / "metrics.jsonl"
-    f.write_text(
-        "\n".join(
-            json.dumps(r) for r in [{"event": "start", "step": 0}, {"step": 10, "loss": 5.0}, {"step": 20, "loss": 3.0}]
-        )
-    )
-    md = artifacts.loss_curve_markdown(f)
-    assert "| 10 | 5.0000 |" in md and "| 20 | 3.0000 |" in md and "step 10 … 20" in md
-    f.write_text(json.dumps({"event": "start", "step": 0}))
-    assert "no loss lines yet" in artifacts.loss_curve_markdown(f)
-
-
-def test_summary_and_training_rows():
-    out = {"token_store": "/t", "sample_index": "/s", "num_documents": 1234, "num_tokens": 56789}
-    assert "- tokens: 56,789" in artifacts.summary_markdown(out)
-    rows = artifacts.train_rows({"step": 40, "loss": 3.9})
-    assert rows[0] == {"metric": "step", "value": "40"} and {"metric": "eval_loss", "value": "None"} in rows
+def test_markdown_table_escapes_pipes():
+    assert artifacts.markdown_table([{"a": "x|y", "b": "1"}]) == "| a | b |\n|---|---|\n| x\\|y | 1 |"

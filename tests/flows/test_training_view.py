@@ -1,0 +1,102 @@
+"""The training card and log lines (pure), the chart (matplotlib, no Prefect), and the run form's schema."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+from flows import charts, training_view
+from moai.config import TrainConfig
+
+RECORDS = [
+    {"event": "start", "step": 0, "world_size": 1, "device": "cpu", "parameters": 123456, "resumed": False},
+    *(
+        {
+            "step": s,
+            "loss": 6 - s / 100,
+            "grad_norm": 0.5,
+            "lr": 0.0003051371575761435,
+            "tokens_per_s": 12345.6,
+            "mfu": 0.1234,
+            "tokens": s * 1000,
+            "max_steps": 100,
+        }
+        for s in range(5, 101, 5)
+    ),
+    {"step": 50, "eval_loss": 5.5, "eval_ppl": math.exp(5.5)},
+]
+
+
+def test_log_lines_are_readable_not_json():
+    line = training_view.log_line(RECORDS[1], max_steps=100)
+    assert line == "step 5 of 100: loss 5.9500, 12,346 tokens/s, MFU 12.3%, grad norm 0.5, lr 3.05e-04"
+    assert training_view.log_line(RECORDS[-1]) == "eval at step 50: loss 5.5000, perplexity 244.7"
+    assert "123,456 parameters" in training_view.log_line(RECORDS[0])
+    assert training_view.log_line({"event": "other"}) is None
+
+
+def test_training_card_shows_latest_figures_and_what_it_shows():
+    md = training_view.training_markdown(
+        RECORDS, output_dir="/runs/a", max_steps=200, status="running", elapsed_s=65, eta_s=70, chart="![c](x)"
+    )
+    assert md.startswith("# Training: /runs/a") and "step 100 of 200" in md and "![c](x)" in md
+    assert "| lr | 3.05e-04 |" in md and "| MFU | 12.3% |" in md and "| tokens/s | 12,346 |" in md
+    assert "| eval loss / perplexity | 5.5 / 244.7 (step 50) |" in md
+    assert "| elapsed | 1 min 05 s |" in md and "| ETA | 1 min 10 s |" in md
+    assert "From `/runs/a/metrics.jsonl`, steps 5–100." in md
+
+
+def test_training_card_of_a_run_finished_before_says_it_was_not_launched():
+    md = training_view.training_markdown(RECORDS, output_dir="/runs/a", max_steps=100, status="finished-before")
+    assert "not launched again" in md and "| ETA | — |" in md and "| elapsed | — |" in md
+
+
+def test_chart_is_a_small_svg_data_uri_with_labelled_axes(tmp_path):
+    many = [{"step": s, "loss": 5 + math.sin(s), "tokens_per_s": 1000.0 + s, "mfu": 0.1} for s in range(1, 20001)]
+    svg = charts.training_svg([*many, {"step": 20000, "eval_loss": 4.0}], "/runs/a · steps 1–20,000", resumed_at=500)
+    assert svg.startswith("<?xml") and "<svg" in svg
+    for label in ("loss (smoothed)", "eval loss", "tokens/s", "MFU %", "step", "resumed at 500", "/runs/a"):
+        assert label in svg, label
+    assert len(svg) < 120_000, len(svg)  # 20,000 points thinned to a few hundred
+    md = training_view.chart_markdown(RECORDS, "/runs/a", 100, None)
+    prefix = "![loss, eval loss, tokens/s and MFU against step](data:image/svg+xml;base64,"
+    assert md.startswith(prefix) and b"steps 5" in base64.b64decode(md[len(prefix) : -1])
+
+
+def test_thin_ema_and_reading_metrics(tmp_path):
+    points = [(i, float(i)) for i in range(1001)]
+    thinned = charts.thin(points, 100)
+    assert len(thinned) <= 100 and thinned[0] == (0, 0.0) and thinned[-1] == (1000, 1000.0)
+    assert charts.ema([2.0, 2.0, 2.0], 5) == [2.0, 2.0, 2.0]  # bias-corrected: no pull towards 0
+    f = tmp_path / "metrics.jsonl"
+    f.write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n" + '{"step": 2, "lo')  # a half-written last line
+    assert charts.read_metrics(f) == [{"step": 1, "loss": 2.0}] and charts.read_metrics(tmp_path / "none") == []
+
+
+def _anyof_string_and_object(node, path="") -> list[str]:
+    found = []
+    if isinstance(node, dict):
+        types = {option.get("type") for option in node.get("anyOf", []) if isinstance(option, dict)}
+        if {"string", "object"} <= types:
+            found.append(path)
+        for k, v in node.items():
+            found += _anyof_string_and_object(v, f"{path}/{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found += _anyof_string_and_object(v, f"{path}[{i}]")
+    return found
+
+
+def test_run_form_schema_has_no_anyof_of_string_and_object(pretrain):
+    """Prefect's run form fails on such a field ('SchemaFormPropertyAnyOf could not determine the
+    initial index'); model_config has no type in the schema, which the form draws as a JSON box."""
+    from prefect.utilities.callables import parameter_schema
+
+    schema = parameter_schema(pretrain).model_dump()
+    assert _anyof_string_and_object(schema) == []
+    model = schema["definitions"]["TrainConfig"]["properties"]["model_config"]
+    assert "type" not in model and "anyOf" not in model
+    # validation still takes a path and an inline dict
+    assert TrainConfig.model_validate({"model_config": "configs/model.json"}).model == "configs/model.json"
+    assert TrainConfig.model_validate({"model_config": {"model_type": "llama"}}).model == {"model_type": "llama"}
