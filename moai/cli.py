@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -292,6 +293,60 @@ def _add_parser(sub, name: str, **kwargs) -> argparse.ArgumentParser:
     )
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived. A BaseException, like KeyboardInterrupt, so no `except Exception`
+    swallows it: it unwinds the command, running every cleanup on the way."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_MAIN_PID: int | None = None  # the process that runs the command (forked workers inherit the handler)
+
+
+def _on_signal(signum: int, frame) -> None:
+    if os.getpid() != _MAIN_PID:
+        # A forked worker: its parent stops it. Ctrl-C reaches the whole process group, and a
+        # worker's own KeyboardInterrupt would print a traceback; SIGTERM (the parent's) ends it.
+        if signum == signal.SIGTERM:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_second_signal)
+    _stop_workers()
+    raise Interrupted(signum)
+
+
+def _on_second_signal(signum: int, frame) -> None:
+    """Asked again while cleaning up: leave at once (a stage's temporary folder is removed by its next build)."""
+    print(f"moai: interrupted again ({signal.Signals(signum).name}); leaving at once", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+def _stop_workers() -> None:
+    """Terminate this process's worker processes (pools of multiprocessing and multiprocess), so a
+    pool being unwound does not wait for the work still queued on them."""
+    for name in ("multiprocessing", "multiprocess"):
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for child in module.active_children():
+            child.terminate()
+
+
+def _interrupted(signum: int) -> int:
+    """The one line for an interrupted command; its exit code (128 + the signal)."""
+    print(
+        f"moai: interrupted ({signal.Signals(signum).name}); nothing half-written is kept: rerun the same "
+        "command to continue",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 128 + signum
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -378,17 +433,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print what would go and the bytes freed; remove nothing")
     p.set_defaults(func=_cache_prune_cmd)
     args = parser.parse_args(argv)
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    # A SIGTERM (scheduler, `kill`) unwinds like Ctrl-C, so a running launch takes its process group down.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # Ctrl-C and SIGTERM (a scheduler, `kill`) unwind the command: a stage being built drops its
+    # temporary folder, a launch takes its process group down; then one line, exit 130 or 143.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_signal)
     if getattr(args, "no_progress", False):
         _quiet_progress()
     try:
         return args.func(args)
+    except (Interrupted, KeyboardInterrupt) as err:
+        return _interrupted(err.signum if isinstance(err, Interrupted) else signal.SIGINT)
     except MoaiError as err:
         print(f"moai: error: {err}", file=sys.stderr)
         return 2

@@ -1,5 +1,8 @@
 import json
+import os
+import signal
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -53,3 +56,68 @@ def test_prepare_last_line_is_json_and_errors_are_one_line(tmp_path, corpus):
     out = moai("prepare", str(bad), cwd=tmp_path)
     assert out.returncode == 2 and "moai: error: source.path" in out.stderr and "matches no files" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.fixture(scope="module")
+def tokenizer_corpus(tmp_path_factory):
+    """~50 MB of 200k distinct made-up words: training a 30k BPE on it takes ~10 s on 2 cores."""
+    import random
+
+    from conftest import write_jsonl
+
+    rng = random.Random(0)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 12))) for _ in range(200_000)]
+    root = tmp_path_factory.mktemp("bpe")
+    corpus = write_jsonl(root / "corpus.jsonl", [{"text": " ".join(rng.choices(words, k=200))} for _ in range(30_000)])
+    cfg = root / "train-tokenizer.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "cache_dir": str(root / "cache"),
+                "source": {"path": str(corpus)},
+                "tokenizer": {"train": {"vocab_size": 30_000}},
+                "pack": {"seq_len": 64},
+            }
+        )
+    )
+    return cfg, root / "cache"
+
+
+@pytest.mark.parametrize(
+    ("sig", "whole_group"),
+    [
+        (signal.SIGINT, True),  # Ctrl-C in a terminal: the whole foreground process group gets it
+        (signal.SIGTERM, False),  # kill PID, a scheduler's stop
+    ],
+)
+def test_an_interrupt_is_one_line_promptly_even_while_a_tokenizer_trains(tokenizer_corpus, sig, whole_group):
+    cfg, cache = tokenizer_corpus
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "moai.cli", "prepare", str(cfg), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        cwd=cfg.parent,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list((cache / "tokenizer").glob(".tmp-*")):  # the Rust trainer is running
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(1.0)
+    started = time.monotonic()
+    (os.killpg if whole_group else os.kill)(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 128 + sig, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == (
+        f"moai: interrupted ({sig.name}); nothing half-written is kept: rerun the same command to continue"
+    )
+    # everything before it is a log record of the stages run before: no traceback, no worker noise
+    assert all(line[:4].isdigit() and " INFO " in line for line in lines[:-1]), err
+    assert elapsed < 5, elapsed  # was ~10 s: the rest of the BPE training
+    left = [p.name for p in (cache / "tokenizer").iterdir() if not p.name.endswith((".lock", ".jsonl"))]
+    assert left == []  # no temporary folder kept, nothing published
+    assert out == ""
