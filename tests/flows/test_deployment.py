@@ -149,26 +149,27 @@ def test_deployment_run_on_a_real_server(server, tmp_path):
             artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [first]}}})
             keys = {a["key"] for a in artifacts if a.get("key")}
             types = {a["type"] for a in artifacts}
-            assert {
-                "hardware-plan",
-                "packing",
-                "train-progress",
-                "tokenize-progress",
-                "train-summary",
-                "train-loss-curve",
-            } <= keys, keys
-            assert {f"stage-{s}" for s in DATA_STAGES} <= keys and {f"stage-{s}-output" for s in DATA_STAGES} <= keys
-            assert {"table", "markdown", "progress"} <= types  # link artifacts are stored as markdown
+            assert {"hardware-plan", "overview", "training", "train-progress", "tokenize-progress"} <= keys, keys
+            assert not any(k.endswith("-output") for k in keys)  # paths are text, not file:// links
+            assert {"table", "markdown", "progress"} <= types
+            markdown = {a["key"]: a["data"] for a in artifacts if a["type"] == "markdown"}
+            assert "data:image/svg+xml;base64," in markdown["training"]
             progress = {a["key"]: a["data"] for a in artifacts if a["type"] == "progress"}
             assert progress["train-progress"] == 100.0 and progress["tokenize-progress"] == 100.0
 
             logs = post(api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [first]}}, "limit": 200})
             assert any(line["name"].startswith("moai") for line in logs), {line["name"] for line in logs}
-            assert any('"loss"' in line["message"] for line in logs)  # training lines streamed into the run's logs
+            messages = [line["message"] for line in logs]
+            assert any(m.startswith("step 10 of 10: loss ") for m in messages)  # one readable line per log step
+            assert not any(m.startswith("{") or not m.strip() for m in messages)  # no JSON, no blank lines
 
             second = run_and_wait(env, api, {"config": config})
             states = task_states(api, second)
             assert all(states.get(s) == "Cached" for s in DATA_STAGES), states
+            artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [second]}}})
+            markdown = {a["key"]: a["data"] for a in artifacts if a["type"] == "markdown"}
+            assert markdown["overview"].startswith("# Data stages: 0 built, 6 reused")
+            assert "not launched again" in markdown["training"]
         finally:
             _stop(worker)
     assert worker.returncode is not None
