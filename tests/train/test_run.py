@@ -306,3 +306,37 @@ def test_unpacked_training_then_continued_pretraining(learnable, tmp_path):
     moai_train(cfg, tmp_path)
     b = losses(cont)
     assert b[1] < a[5]  # starts from the trained weights, not from scratch
+
+
+def test_ctrl_c_during_training_is_one_line_and_leaves_no_rank(learnable, tmp_path):
+    import signal
+
+    import psutil
+
+    root, corpus, tok = learnable
+    out = tmp_path / "long"
+    f = tmp_path / "long.yaml"
+    f.write_text(yaml.safe_dump(config(root, corpus, tok, out, num_processes=2, max_steps=100_000, save_every=1000)))
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # training is under way
+        if line.startswith('{"step": 2,'):
+            break
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - started < 15
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("moai: interrupted (SIGINT); nothing half-written is kept")
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    resolved = str(out.resolve() / "resolved.json")
+    ranks = [p for p in psutil.process_iter(["cmdline"]) if resolved in (p.info["cmdline"] or [])]
+    assert ranks == [], ranks
