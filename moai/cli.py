@@ -113,13 +113,14 @@ def _train_cmd(args: argparse.Namespace) -> int:
         data = config.model_dump(mode="json", by_alias=True)
         data["train"].update(overrides)
         config = parse_config(data, origin=f"{args.config} with {overrides}")
-    require(config)
-    # Decided before any data is prepared: a finished run, or a checkpoint with other settings.
+    # Decided before anything else: a finished run (nothing to check or prepare), or a checkpoint
+    # made with other settings.
     hw_plan = make_plan(detect(config.cache_dir, with_gpus=True), config, read_env())
     decided = resume_plan(config, num_gpus=len(hw_plan.hardware.gpus))
     if decided.status == "finished":
         print(f"moai: {decided.detail}", file=sys.stderr)
         return 0
+    require(config)
     prepared = prepare(config, progress=not args.no_progress)
     _print_stages(prepared)
 
