@@ -11,7 +11,8 @@ One process per rank runs `loop.train`: set up → build → resume → steps �
 - `model`: the model, AdamW with a cosine schedule and warm-up, FLOPs per token and GPU peaks (MFU);
 - `checkpoint`: every `save_every` steps (model + tokenizer via save_pretrained, optimizer,
   scheduler, RNG states, samples consumed), the last `keep_last` kept, published by rename; a
-  rerun with the same output_dir resumes from the newest one, bit-identically;
+  rerun with the same output_dir resumes from the newest one, bit-identically; `resume_plan`
+  decides fresh / resume / finished (or refuses other settings) before data prep and launch;
 - `metrics`: one JSON line per `log_every` steps on stdout and in `<output_dir>/metrics.jsonl`
   (a resumed run first drops the lines after its start step), evaluation on the validation split;
 - `loop`: `train`, its steps, and `guarded` (the one failure line `moai.launch` reads).
@@ -20,7 +21,15 @@ Importing this package loads numpy and pydantic, not torch, transformers or acce
 imported where used, so `moai.launch` and the CLI stay quick to import.
 """
 
-from moai.train.checkpoint import TrainState, checkpoints, load_checkpoint, run_identity, save_checkpoint
+from moai.train.checkpoint import (
+    ResumePlan,
+    TrainState,
+    checkpoints,
+    load_checkpoint,
+    resume_plan,
+    run_identity,
+    save_checkpoint,
+)
 from moai.train.data import DocumentDataset, PackedDataset, StepBatches, epoch_order, make_loader, open_data, sample_ids
 from moai.train.loop import guarded, train
 from moai.train.metrics import MetricsWriter, evaluate, kept_metrics, trim_metrics
@@ -42,6 +51,7 @@ __all__ = [
     "MetricsWriter",
     "PackedDataset",
     "ResolvedRun",
+    "ResumePlan",
     "StepBatches",
     "TrainState",
     "attention_kind",
@@ -58,6 +68,7 @@ __all__ = [
     "make_loader",
     "open_data",
     "peak_flops",
+    "resume_plan",
     "run_identity",
     "sample_ids",
     "save_checkpoint",
