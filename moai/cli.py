@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from moai.config import read_env
 from moai.errors import ConfigError, DataError, MoaiError
@@ -287,6 +288,13 @@ EXAMPLES = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one `moai: error:` line too, pointing at the command's --help (which has examples)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"moai: error: {message} (see: {self.prog} --help)\n")
+
+
 def _add_parser(sub, name: str, **kwargs) -> argparse.ArgumentParser:
     """A subcommand with its examples under its --help."""
     return sub.add_parser(
@@ -349,9 +357,7 @@ def _interrupted(signum: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(prog="moai", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     from moai import __version__
 

@@ -156,3 +156,20 @@ def test_local_examples_name_files_that_exist(name):
     assert config.tokenizer.path is not None and (ROOT / config.tokenizer.path / "tokenizer.json").is_file()
     if config.train is not None and isinstance(config.train.model, str):
         assert (ROOT / config.train.model).is_file()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["plan"], "the following arguments are required: config (see: moai plan --help)"),
+        (["tokenize-shard", "x", "--shard-index", "a", "--num-shards", "2"], "invalid int value: 'a'"),
+        (["cache"], "(see: moai cache --help)"),
+        ([], "arguments are required: command"),
+    ],
+)
+def test_usage_mistakes_are_one_line(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("moai: error: ") and says in err[0]
