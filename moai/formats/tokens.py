@@ -12,13 +12,30 @@ Opening is O(parts): each part's file sizes are checked against tokens.json (a t
 would otherwise surface much later as a short sample), `.bin` files are memory-mapped, and
 document offsets load on first use (8 bytes a document).
 
-Sample index (output of the pack stage)::
+Sample index, format 1 (output of the pack stage: one source)::
 
-    pack.json                        seq_len, mode, token store (relative to the cache dir), splits
+    pack.json                        format "moai-sample-index/1", seq_len, mode, token_store
+                                     (relative to the cache dir), splits: {name: num_samples}
     <split>.npy                      int64 (num_samples, 2): [start token, length] per sample
 
+Sample index, format 2 (output of the mix stage: several sources)::
+
+    pack.json                        format "moai-sample-index/2", seq_len, mode "mix",
+                                     order "as-stored", sources: [{name, token_store}, ...],
+                                     splits: {name: num_samples}
+    <split>.npy                      int64 (num_samples, 3): [source index, start token, length]
+
+In format 2 a sample is a window of the same-named split of its source's token store, and the
+train samples are stored already interleaved and shuffled: training reads them in stored order
+(`order` "as-stored"), where format 1 is shuffled by the trainer (`order` "shuffle"). Token store
+paths are relative to the cache dir, the pack folder's parent's parent, so a moved cache still
+opens. `PackedSamples(path, "train").source(i)` names the source of sample i, `.source_names` lists
+them (format 1: one, `pack.json`'s "source" or "default"), `.source_ids` is the per-sample column.
+
 A sample is a window of the split's token stream; `position_ids` restart at 0 at each document
-start inside it, which is what lets the model mask attention between packed documents.
+start inside it, which is what lets the model mask attention between packed documents. Opening an
+index reads its `.npy` once (memory-mapped) to check every window lies inside its token split:
+O(samples), a few ms per million samples; a mismatch is `CacheError` (damaged), never a short sample.
 """
 
 from __future__ import annotations
@@ -33,6 +50,8 @@ from moai.errors import CacheError
 
 STORE_FORMAT = "moai-token-store/1"
 PACK_FORMAT = "moai-sample-index/1"
+MIX_FORMAT = "moai-sample-index/2"
+ORDERS = ("shuffle", "as-stored")  # who orders the train samples: the trainer, or the index
 
 
 class TokenSplit:
@@ -154,23 +173,57 @@ def position_ids(window_start: int, length: int, doc_offsets: np.ndarray) -> np.
 
 
 class PackedSamples:
-    """Samples of one split of a pack stage output: `len()` and `[i] -> {input_ids, position_ids}`."""
+    """Samples of one split of a sample index (format 1 or 2): `len()`, `[i] -> {input_ids,
+    position_ids}`, and which source each sample comes from (`source(i)`, `source_ids`)."""
 
     def __init__(self, pack_dir: str | Path, split: str = "train"):
         self.path = Path(pack_dir)
-        self.meta = json.loads((self.path / "pack.json").read_text())
-        if self.meta.get("format") != PACK_FORMAT:
-            raise ValueError(f"{self.path}: unknown sample index format {self.meta.get('format')!r}")
+        try:
+            self.meta = json.loads((self.path / "pack.json").read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path} is not a sample index (no pack.json)") from None
+        except ValueError as err:
+            raise CacheError.damaged(self.path, f"pack.json is not JSON ({err})", what="sample index") from None
+        fmt = self.meta.get("format")
+        if fmt not in (PACK_FORMAT, MIX_FORMAT):
+            raise ValueError(f"{self.path}: unknown sample index format {fmt!r}")
+        self.mixed = fmt == MIX_FORMAT
         self.seq_len = int(self.meta["seq_len"])
+        self.split_name = split
         cache_root = self.path.parent.parent
-        self.store = TokenStore(cache_root / self.meta["token_store"])
-        self.tokens = self.store.split(split)
+        if self.mixed:
+            sources = self.meta.get("sources")
+            if not isinstance(sources, list) or not sources:
+                raise CacheError.damaged(self.path, "pack.json lists no sources", what="sample index")
+            self.source_names: list[str] = [str(s["name"]) for s in sources]
+            refs = [s["token_store"] for s in sources]
+            self.order: str = self.meta.get("order", "as-stored")
+        else:
+            self.source_names = [str(self.meta.get("source") or "default")]
+            refs = [self.meta["token_store"]]
+            self.order = "shuffle"
+        if self.order not in ORDERS:
+            raise CacheError.damaged(
+                self.path, f"pack.json has order {self.order!r}, expected one of {list(ORDERS)}", what="sample index"
+            )
+        self.stores = [TokenStore(cache_root / ref) for ref in refs]
+        self.token_splits = [store.split(split) for store in self.stores]
+        # Format 1 names: the one store and split (format 2: the first source's).
+        self.store, self.tokens = self.stores[0], self.token_splits[0]
         self.samples = self._open_samples(split)
+        width = self.samples.shape[1]
+        # Columns, memory-mapped views: nothing is copied.
+        self.starts, self.lengths = self.samples[:, width - 2], self.samples[:, width - 1]
+        self.source_ids: np.ndarray = (
+            self.samples[:, 0] if self.mixed else np.broadcast_to(np.int64(0), (len(self.samples),))
+        )
 
     def _open_samples(self, split: str) -> np.ndarray:
-        """The split's (num_samples, 2) int64 windows, checked against pack.json and the token split."""
+        """The split's int64 windows ((n, 2) in format 1, (n, 3) in format 2), checked against
+        pack.json and each source's token split."""
         file = self.path / f"{split}.npy"
         expected = self.meta.get("splits", {}).get(split)
+        width = 3 if self.mixed else 2
         try:
             samples = np.load(file, mmap_mode="r")
         except (OSError, ValueError, EOFError) as err:  # truncated: "mmap length is greater than file size"
@@ -178,30 +231,67 @@ class PackedSamples:
         if (
             samples.dtype != np.int64
             or samples.ndim != 2
-            or samples.shape[1] != 2
+            or samples.shape[1] != width
             or (expected is not None and samples.shape[0] != expected)
         ):
             raise CacheError.damaged(
                 self.path,
-                f"{file.name} holds {samples.dtype} {samples.shape}, pack.json says int64 ({expected}, 2)",
+                f"{file.name} holds {samples.dtype} {samples.shape}, pack.json says int64 ({expected}, {width})",
                 what="sample index",
             )
-        if len(samples):
-            starts, lengths = samples[:, 0], samples[:, 1]
-            end = int((starts + lengths).max())
-            if int(starts.min()) < 0 or int(lengths.min()) < 1 or end > self.tokens.num_tokens:
-                raise CacheError.damaged(
-                    self.path,
-                    f"{file.name} has windows outside the {self.tokens.num_tokens} "
-                    f"tokens of split {split!r} of {self.store.path}",
-                    what="sample index",
-                )
+        if not len(samples):
+            return samples
+        starts, lengths = samples[:, width - 2], samples[:, width - 1]
+        if int(starts.min()) < 0 or int(lengths.min()) < 1:
+            raise CacheError.damaged(
+                self.path, f"{file.name} has a negative start or an empty window", what="sample index"
+            )
+        ends = starts + lengths
+        if not self.mixed:
+            self._check_end(file, 0, int(ends.max()))
+            return samples
+        ids = samples[:, 0]
+        if int(ids.min()) < 0 or int(ids.max()) >= len(self.source_names):
+            raise CacheError.damaged(
+                self.path,
+                f"{file.name} has source indices outside [0, {len(self.source_names)}) (pack.json lists "
+                f"{len(self.source_names)} sources)",
+                what="sample index",
+            )
+        for k in range(len(self.source_names)):
+            mine = ends[ids == k]
+            if len(mine):
+                self._check_end(file, k, int(mine.max()))
         return samples
+
+    def _check_end(self, file: Path, k: int, end: int) -> None:
+        tokens = self.token_splits[k]
+        if end > tokens.num_tokens:
+            whose = f" (source {self.source_names[k]!r})" if self.mixed else ""
+            raise CacheError.damaged(
+                self.path,
+                f"{file.name} has windows outside the {tokens.num_tokens} tokens of split {tokens.name!r} of "
+                f"{self.stores[k].path}{whose}",
+                what="sample index",
+            )
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+    def window(self, i: int) -> tuple[int, int, int]:
+        """(source index, start token, length) of sample i."""
+        if self.mixed:
+            k, start, length = (int(v) for v in self.samples[i])
+            return k, start, length
         start, length = (int(v) for v in self.samples[i])
-        ids = self.tokens.tokens(start, start + length).astype(np.int64)
-        return {"input_ids": ids, "position_ids": position_ids(start, length, self.tokens.doc_offsets)}
+        return 0, start, length
+
+    def source(self, i: int) -> str:
+        """The name of the source sample i comes from."""
+        return self.source_names[int(self.source_ids[i])]
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        k, start, length = self.window(i)
+        tokens = self.token_splits[k]
+        ids = tokens.tokens(start, start + length).astype(np.int64)
+        return {"input_ids": ids, "position_ids": position_ids(start, length, tokens.doc_offsets)}
