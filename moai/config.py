@@ -76,6 +76,36 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
+class NamedSourceConfig(SourceConfig):
+    """One of several sources (`sources:`): everything `source:` takes, a name and its share."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64, description="Names the source in keys and reports."
+    )
+    weight: float = Field(gt=0, description="Its share of the training tokens (weights are normalised).")
+    max_repetition: float = Field(
+        1.0,
+        ge=1.0,
+        description="How many times its tokens may be used (1: never repeated; 2.5: two passes and a half).",
+    )
+
+    def source(self) -> SourceConfig:
+        """The plain `source:` this one reads: same settings, so it shares the single-source cache keys."""
+        return SourceConfig.model_validate(self.model_dump(exclude={"name", "weight", "max_repetition"}))
+
+
+class MixConfig(_Model):
+    """How several sources make one training stream (used with `sources:` only)."""
+
+    total_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Training tokens of the mix (None: max_steps x micro_batch_size x grad_accum_steps x world size "
+        "x seq_len from train, else as many as every source's cap allows).",
+    )
+    seed: int = Field(0, description="Seeds each source's window order (the interleaving itself is fixed).")
+
+
 class FilterConfig(_Model):
     min_chars: int = Field(1, ge=0, description="Drop texts shorter than this after stripping whitespace.")
     max_chars: int | None = Field(None, ge=1, description="Drop texts longer than this (None: no limit).")
@@ -214,7 +244,9 @@ class PipelineConfig(_Model):
     """Everything one run needs, from raw source to packed samples."""
 
     cache_dir: str = Field(".moai", description="Where every stage output lives.")
-    source: SourceConfig
+    source: SourceConfig | None = Field(None, description="One source (or `sources:` for several).")
+    sources: list[NamedSourceConfig] | None = Field(None, description="Several named sources, mixed by weight.")
+    mix: MixConfig = MixConfig()
     filter: FilterConfig = FilterConfig()
     split: SplitConfig = SplitConfig()
     save: SaveConfig = SaveConfig()
@@ -224,6 +256,24 @@ class PipelineConfig(_Model):
     resources: ResourcesConfig = ResourcesConfig()
     runner: RunnerConfig = RunnerConfig()
     train: TrainConfig | None = Field(None, description="The training step; None: prepare data only.")
+
+    @model_validator(mode="after")
+    def _one_kind_of_source(self) -> PipelineConfig:
+        if (self.source is None) == (self.sources is None):
+            raise ValueError("set exactly one of source (one source) or sources (a list of named sources)")
+        if self.sources is not None:
+            names = [s.name for s in self.sources]
+            if not names:
+                raise ValueError("sources: give at least one source")
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ValueError(f"sources: names must be unique, {repeated} repeated")
+            if not self.pack.enabled:
+                raise ValueError("pack.enabled: false trains on one token store; with sources the mix stage packs")
+        elif self.mix != MixConfig():
+            raise ValueError("mix is for sources (several named sources); with one source there is nothing to mix")
+        return self
+
 
 
 def _describe(err: ValidationError) -> str:

@@ -8,6 +8,7 @@ tables of made-up machines. Every decision carries a one-line reason, and an exp
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -124,6 +125,12 @@ def _gpus() -> tuple[str, ...]:
     if not torch.cuda.is_available():
         return ()
     return tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_count() -> int:
+    """How many CUDA GPUs this machine has (asked once a process: the mix's budget needs it)."""
+    return len(_gpus())
 
 
 def detect(cache_dir: str | os.PathLike = ".", with_gpus: bool = True) -> Hardware:

@@ -16,6 +16,13 @@ content (`ROOTS`): the source files (or the hub dataset's fingerprint) and a giv
 files. `walk` runs the stages in order through one `run` function: `run_stage` here (build once
 through the store, or reuse), a Prefect task in `flows/pretrain.py`. `moai prepare`, `moai merge`,
 `moai tokenize-shard` and the flow all walk this same graph.
+
+With several sources (`sources:`), the graph has one node per stage and source for the stages
+that read a source (`convert[ko]`, `filter[ko]`, ..., `tokenize[ko]`): each runs the stage on the
+config `moai.sources.source_config` derives for its source, reads that source's nodes under the
+stage names (`ctx.path("save")`), and is stored as `<cache_dir>/<stage>/<key>/` under the key a
+single-source config of that source would have. A stage declaring `COMBINES = True` (the trained
+tokenizer, `mix`) is one node that reads every source's node (`ctx.per_source("tokenize")`).
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from typing import Any
 from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan
 from moai.presets import config_origin
-from moai.stages import convert, filter as filter_stage, pack, save, tokenize, tokenizer
+from moai.sources import source_config, source_names
+from moai.stages import convert, filter as filter_stage, mix, pack, save, tokenize, tokenizer
 from moai.store import Store, stage_key
 
 log = logging.getLogger(__name__)
@@ -60,6 +68,7 @@ class Stage:
     settings: Callable[[PipelineConfig], dict[str, Any]]
     build: Callable[[BuildContext, Path], dict[str, Any]]
     enabled: Callable[[PipelineConfig], bool] = lambda config: True
+    combines: bool = False  # with several sources: one node reading every source's node, not one per source
 
     @classmethod
     def of(cls, module: ModuleType) -> Stage:
@@ -72,7 +81,30 @@ class Stage:
             module.settings,
             module.build,
             getattr(module, "enabled", lambda config: True),
+            bool(getattr(module, "COMBINES", False)),
         )
+
+
+@dataclass(frozen=True)
+class Node:
+    """One run of a stage in the graph: the stage for one source (`convert[ko]`) or for all (`mix`)."""
+
+    name: str
+    stage: Stage
+    source: str | None  # the source it runs on; None: the config as given
+    reads: tuple[str, ...]  # the nodes (or roots) it reads, in order
+
+
+def node_name(stage_name: str, source: str | None) -> str:
+    return stage_name if source is None else f"{stage_name}[{source}]"
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """`convert[ko]` → ("convert", "ko"); `mix` → ("mix", None)."""
+    if name.endswith("]") and "[" in name:
+        base, _, rest = name.partition("[")
+        return base, rest[:-1]
+    return name, None
 
 
 @dataclass
@@ -92,14 +124,28 @@ class BuildContext:
         """The published folder of input `name`."""
         return Path(self.inputs[name].path)
 
+    def per_source(self, name: str) -> dict[str, Path]:
+        """A combining stage's inputs of stage `name`, by source (`{"ko": <tokenize[ko] folder>, ...}`)."""
+        found = {}
+        for node, value in self.inputs.items():
+            base, source = split_name(node)
+            if base == name and source is not None:
+                found[source] = Path(value.path)
+        return found
+
 
 # Roots: what keys start from. Each reads content (it may take a while on a large corpus).
 ROOTS: dict[str, Callable[[PipelineConfig], str]] = {
-    "source": lambda config: convert.source_fingerprint(config.source),
+    "source": lambda config: convert.source_fingerprint(_one_source(config)),
     "tokenizer-files": lambda config: tokenizer.tokenizer_fingerprint(config.tokenizer),
 }
 
-REGISTRY: list[Stage] = [Stage.of(m) for m in (convert, filter_stage, save, tokenizer, tokenize, pack)]
+REGISTRY: list[Stage] = [Stage.of(m) for m in (convert, filter_stage, save, tokenizer, tokenize, pack, mix)]
+
+
+def _one_source(config: PipelineConfig):
+    assert config.source is not None, "a source root is taken on a single-source config (one per source node)"
+    return config.source
 
 
 def stage(name: str) -> Stage:
@@ -129,20 +175,73 @@ def stages(config: PipelineConfig) -> list[Stage]:
     return on
 
 
+def nodes(config: PipelineConfig) -> list[Node]:
+    """The enabled stages as graph nodes, in order. One source: a node per stage, named as the stage.
+    Several: a node per source for each stage that reads a source (the root `source` and what
+    chains from it), in config order; a combining stage reads every source's node."""
+    names = source_names(config)
+    if names is None:
+        return [Node(s.name, s, None, s.reads(config)) for s in stages(config)]
+    per_source = {"source"}
+    out: list[Node] = []
+    for s in stages(config):
+        reads = s.reads(config)
+        if s.combines:
+            expanded = [[node_name(r, x) for x in names] if r in per_source else [r] for r in reads]
+            out.append(Node(s.name, s, None, tuple(n for group in expanded for n in group)))
+        elif any(r in per_source for r in reads):
+            per_source.add(s.name)
+            out.extend(
+                Node(node_name(s.name, x), s, x, tuple(node_name(r, x) if r in per_source else r for r in reads))
+                for x in names
+            )
+        else:
+            out.append(Node(s.name, s, None, reads))
+    return out
+
+
+def node(config: PipelineConfig, name: str) -> Node:
+    for n in nodes(config):
+        if n.name == name:
+            return n
+    raise KeyError(f"no stage {name!r} in this config's graph (stages: {[n.name for n in nodes(config)]})")
+
+
+def node_config(config: PipelineConfig, n: Node) -> PipelineConfig:
+    """The config a node's stage runs on: its source's own config, or the config as given."""
+    return config if n.source is None else source_config(config, n.source)
+
+
 def roots(config: PipelineConfig) -> dict[str, str]:
-    """The fingerprints the enabled stages start from."""
-    return {r: ROOTS[r](config) for r in sorted({r for s in stages(config) for r in s.reads(config) if r in ROOTS})}
+    """The fingerprints the enabled stages start from (`source[ko]` per source with several)."""
+    wanted = sorted({r for n in nodes(config) for r in n.reads if split_name(r)[0] in ROOTS})
+    out = {}
+    for r in wanted:
+        base, source = split_name(r)
+        out[r] = ROOTS[base](config if source is None else source_config(config, source))
+    return out
 
 
 def upstream(config: PipelineConfig, name: str, inputs: Inputs) -> list[str]:
     """The keys (or root fingerprints) a stage's key chains from, in the order it reads them."""
-    return [v.key if isinstance(v, StageResult) else str(v) for v in (inputs[r] for r in stage(name).reads(config))]
+    return [v.key if isinstance(v, StageResult) else str(v) for v in (inputs[r] for r in node(config, name).reads)]
 
 
 def key_of(config: PipelineConfig, name: str, inputs: Inputs) -> str:
     """THE key of a stage's output: its name, VERSION, settings and the keys of what it reads."""
-    s = stage(name)
-    return stage_key(s.name, s.version, upstream(config, name, inputs), s.settings(config))
+    n = node(config, name)
+    return stage_key(
+        n.stage.name, n.stage.version, upstream(config, name, inputs), n.stage.settings(node_config(config, n))
+    )
+
+
+def stage_inputs(config: PipelineConfig, name: str, inputs: Inputs) -> tuple[PipelineConfig, Inputs]:
+    """What a node's stage code sees: its config, and its inputs under the names the stage reads
+    (a source's node reads `save`, not `save[ko]`; a combining node keeps the node names)."""
+    n = node(config, name)
+    if n.source is None:
+        return config, inputs
+    return node_config(config, n), {split_name(r)[0]: inputs[r] for r in n.reads}
 
 
 def run_stage(
@@ -156,16 +255,17 @@ def run_stage(
     options: dict[str, Any] | None = None,
 ) -> StageResult:
     """Reuse the published output of a stage, or build it once (see `moai.store`)."""
-    s = stage(name)
+    s = node(config, name).stage
     store = Store(config.cache_dir, origin=config_origin(config))
     key = key_of(config, name, inputs)
-    ups, settings = upstream(config, name, inputs), s.settings(config)
+    cfg, stage_in = stage_inputs(config, name, inputs)
+    ups, settings = upstream(config, name, inputs), s.settings(cfg)
 
     def build(out: Path) -> dict[str, Any]:
         ctx = BuildContext(
-            config,
+            cfg,
             plan or make_plan(detect(config.cache_dir, with_gpus=False), config, read_env()),
-            inputs,
+            stage_in,
             store,
             key,
             progress,
@@ -174,7 +274,7 @@ def run_stage(
         )
         return s.build(ctx, out)
 
-    pub = store.build(name, key, build, manifest={"upstream": ups, "settings": settings, "version": s.version})
+    pub = store.build(s.name, key, build, manifest={"upstream": ups, "settings": settings, "version": s.version})
     if not pub.built:  # a build is logged once, by the store, with its path ("published ...")
         log.info("%s: reused %s", name, pub.path)
     return StageResult(name, key, str(pub.path), dict(pub.manifest["report"]), pub.built)
@@ -195,27 +295,30 @@ def walk(
     run = run or (lambda name, inputs: run_stage(config, name, inputs))
     results: Inputs = dict(root_values if root_values is not None else roots(config))
     out: dict[str, StageResult] = {}
-    for s in stages(config):
-        out[s.name] = results[s.name] = run(s.name, {r: results[r] for r in s.reads(config)})
-        if s.name == until:
+    for n in nodes(config):
+        out[n.name] = results[n.name] = run(n.name, {r: results[r] for r in n.reads})
+        if n.name == until:
             break
     return out
 
 
 def is_published(config: PipelineConfig, name: str, inputs: Inputs) -> bool:
-    return Store(config.cache_dir).exists(name, key_of(config, name, inputs))
+    return Store(config.cache_dir).exists(node(config, name).stage.name, key_of(config, name, inputs))
 
 
 def summary(results: dict[str, StageResult]) -> dict[str, Any]:
-    """The one-line result of a run: where the token store and sample index are, and counts."""
-    tokens = results["tokenize"]
-    packed = results.get("pack")
-    return {
-        "token_store": tokens.path,
+    """The one-line result of a run: where the token store and sample index are, and counts. With
+    several sources: `token_stores` by source (`token_store` is the first's), and the mix report
+    under `mix`."""
+    stores = {split_name(n)[1]: r for n, r in results.items() if split_name(n)[0] == tokenize.NAME}
+    packed = results.get(pack.NAME) or results.get(mix.NAME)
+    first = next(iter(stores.values()))
+    out = {
+        "token_store": first.path,
         "sample_index": packed.path if packed else None,
         "tokenizer": results["tokenizer"].path,
-        "num_tokens": tokens.report["tokens"],
-        "num_documents": tokens.report["documents"],
+        "num_tokens": sum(r.report["tokens"] for r in stores.values()),
+        "num_documents": sum(r.report["documents"] for r in stores.values()),
         "num_samples": packed.report["samples"] if packed else None,
         "stages": {
             name: {"key": r.key, "built": r.built}
@@ -227,6 +330,11 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
             for name, r in results.items()
         },
     }
+    if mix.NAME in results:
+        report = results[mix.NAME].report
+        out["token_stores"] = {source: r.path for source, r in stores.items()}
+        out["mix"] = {k: report[k] for k in ("total_tokens", "total_from", "tokens", "seq_len", "sources")}
+    return out
 
 
 def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
@@ -241,19 +349,24 @@ def merge(config: PipelineConfig, num_shards: int | None = None) -> dict[str, An
         walk(
             config,
             lambda name, inputs: run_stage(
-                config, name, inputs, progress=False, options=options if name == "tokenize" else None
+                config, name, inputs, progress=False, options=options if split_name(name)[0] == tokenize.NAME else None
             ),
         )
     )
 
 
 def tokenize_shard(config: PipelineConfig, shard_index: int, num_shards: int) -> dict[str, Any]:
-    """One unit of the tokenize stage (see `moai.stages.tokenize.units`): the stages before it, then its parts."""
+    """One unit of the tokenize stage (see `moai.stages.tokenize.units`): the stages before it, then its
+    parts; with several sources, unit `shard_index` of every source (reported by source)."""
     done = walk(config, until=tokenizer.NAME)
-    inputs = {r: done[r] for r in stage(tokenize.NAME).reads(config)}
-    return tokenize.run_unit(
-        config, key_of(config, tokenize.NAME, inputs), inputs, shard_index=shard_index, num_shards=num_shards
-    )
+    units = {}
+    for n in nodes(config):
+        if n.stage.name == tokenize.NAME:
+            inputs = {r: done[r] for r in n.reads}
+            cfg, stage_in = stage_inputs(config, n.name, inputs)
+            key = key_of(config, n.name, inputs)
+            units[n.source] = tokenize.run_unit(cfg, key, stage_in, shard_index=shard_index, num_shards=num_shards)
+    return units.get(None, {"sources": units})
 
 
 def launch_training(

@@ -4,7 +4,8 @@
 and the flow call `require` before the first stage, so a mistake found here costs seconds rather
 than a data preparation and a launch:
 
-- the source: `source.path` matches files, or `source.hub` is a dataset that can be had;
+- the source: `source.path` matches files, or `source.hub` is a dataset that can be had (with
+  `sources:`, each source, checked as `sources.<name>`);
 - `tokenizer.path`, `train.model_config` (a path or hub name) and `train.init_from`: an existing
   path, or a hub name in the local cache or on a reachable hub (`moai.hub.resolve`);
 - `cache_dir` can be written (a probe file is created and removed);
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moai.config import PipelineConfig
+from moai.config import PipelineConfig, SourceConfig
 from moai.errors import ConfigError, MoaiError
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class Facts:
     errors: dict[str, MoaiError] = field(default_factory=dict)  # setting → why it cannot be used
     corpus_bytes: int | None = None  # local source files, summed
     num_files: int = 0
+    local_files: dict[str, tuple[int, int]] = field(default_factory=dict)  # source setting → (files, bytes)
     cache_dir: str = ""
     cache_write_error: str | None = None
     free_gb: float | None = None
@@ -74,15 +76,18 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
     from moai.stages.convert.readers import source_files
 
     f = Facts(config=config, cache_dir=str(Path(config.cache_dir).expanduser().resolve()))
-    src = config.source
-    try:
-        if src.hub is not None:
-            f.resolved["source"] = hub.resolve("source.hub", src.hub, "dataset").where
-        else:
-            files = source_files(src)
-            f.num_files, f.corpus_bytes = len(files), sum(p.stat().st_size for p in files)
-    except MoaiError as err:
-        f.errors["source"] = err
+    for setting, src in source_settings(config):
+        try:
+            if src.hub is not None:
+                f.resolved[setting] = hub.resolve(f"{setting}.hub", src.hub, "dataset").where
+            else:
+                files = source_files(src)
+                f.local_files[setting] = (len(files), sum(p.stat().st_size for p in files))
+        except MoaiError as err:
+            f.errors[setting] = err if setting == "source" else type(err)(f"{setting}: {err}")
+    if f.local_files:
+        f.num_files = sum(n for n, _ in f.local_files.values())
+        f.corpus_bytes = sum(b for _, b in f.local_files.values())
     if tokenizer and config.tokenizer.path is not None:
         _resolve_into(f, "tokenizer.path", config.tokenizer.path)
     t = config.train
@@ -100,6 +105,14 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
     convert_dir = Path(f.cache_dir) / "convert"
     f.cache_has_entries = convert_dir.is_dir() and any(convert_dir.glob("*/_manifest.json"))
     return f
+
+
+def source_settings(config: PipelineConfig) -> list[tuple[str, SourceConfig]]:
+    """Each source with the setting that names it: `source`, or `sources.<name>` for each of several."""
+    if config.sources is None:
+        assert config.source is not None
+        return [("source", config.source)]
+    return [(f"sources.{s.name}", s.source()) for s in config.sources]
 
 
 def _resolve_into(f: Facts, setting: str, value: str) -> None:
@@ -147,7 +160,7 @@ def evaluate(f: Facts) -> list[Check]:
     """The checks for a set of facts (pure)."""
     c = f.config
     out: list[Check] = []
-    out.append(_setting_check(f, "source", _source_detail(f)))
+    out.extend(_setting_check(f, setting, _source_detail(f, setting, src)) for setting, src in source_settings(c))
     if "tokenizer.path" in f.resolved or "tokenizer.path" in f.errors:
         out.append(_setting_check(f, "tokenizer.path", f"{c.tokenizer.path} ({f.resolved.get('tokenizer.path')})"))
     if f.train_checked and c.train is not None:
@@ -168,14 +181,14 @@ def _setting_check(f: Facts, name: str, detail: str) -> Check:
     return Check(name, "pass", detail)
 
 
-def _source_detail(f: Facts) -> str:
-    src = f.config.source
+def _source_detail(f: Facts, setting: str, src: SourceConfig) -> str:
     if src.hub is not None:
         where = {"cache": "in the local Hugging Face cache", "hub": "on huggingface.co"}.get(
-            f.resolved.get("source", "")
+            f.resolved.get(setting, "")
         )
         return f"hub dataset {src.hub} {where or 'found'}"
-    return f"{src.path}: {f.num_files} file(s), {_gb(f.corpus_bytes or 0)}"
+    num_files, size = f.local_files.get(setting, (0, 0))
+    return f"{src.path}: {num_files} file(s), {_gb(size)}"
 
 
 def _model_detail(f: Facts) -> str:

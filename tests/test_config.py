@@ -124,3 +124,67 @@ def test_yaml_round_trip_of_a_preset(tmp_path):
     f = tmp_path / "tiny.yaml"
     f.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     assert load_config(f) == cfg
+
+
+def _sources(*names, **extra) -> dict:
+    return {
+        "sources": [{"name": n, "path": f"data/{n}/*.jsonl", "weight": 1.0} for n in names],
+        "tokenizer": {"path": "t"},
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"tokenizer": {"path": "t"}}, "set exactly one of source .* or sources"),
+        ({**_sources("ko"), "source": {"path": "x"}}, "set exactly one of source .* or sources"),
+        (_sources("ko", "ko"), r"names must be unique, \['ko'\] repeated"),
+        (_sources(), "at least one source"),
+        (_sources("ko", pack={"enabled": False}), "with sources the mix stage packs"),
+        ({"source": {"path": "x"}, "tokenizer": {"path": "t"}, "mix": {"total_tokens": 5}}, "mix is for sources"),
+        ({"sources": [{"name": "ko", "path": "x", "weight": 0}], "tokenizer": {"path": "t"}}, "weight"),
+        ({"sources": [{"name": "ko", "path": "x", "weight": 1, "max_repetition": 0.5}], "tokenizer": {"path": "t"}},
+         "max_repetition"),
+        ({"sources": [{"name": "a b", "path": "x", "weight": 1}], "tokenizer": {"path": "t"}}, "name"),
+        ({"sources": [{"name": "ko", "weight": 1}], "tokenizer": {"path": "t"}}, "exactly one of source.path"),
+    ],
+)  # fmt: skip
+def test_sources_rules(data, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data)
+
+
+def test_a_named_source_is_the_source_it_names():
+    from moai.sources import source_config
+
+    cfg = parse_config(
+        _sources("ko", "code") | {"sources": [{"name": "ko", "path": "k", "weight": 2, "text_template": "{a}"}]}
+    )
+    one = source_config(cfg, "ko")
+    assert (
+        one.sources is None
+        and one.source
+        == parse_config({"source": {"path": "k", "text_template": "{a}"}, "tokenizer": {"path": "t"}}).source
+    )
+
+
+@pytest.mark.parametrize(
+    "train, num_gpus, expected",
+    [
+        ({}, 0, 100 * 8 * 1 * 1 * 128),  # CPU: one process
+        ({}, 4, 100 * 8 * 1 * 4 * 128),  # one process per GPU
+        ({"num_processes": 2, "num_machines": 3, "main_process_ip": "h"}, 8, 100 * 8 * 2 * 3 * 128),
+        ({"max_steps": 7, "micro_batch_size": 3, "grad_accum_steps": 5}, 2, 7 * 3 * 5 * 2 * 128),
+    ],
+)
+def test_the_mix_budget_is_what_training_reads(train, num_gpus, expected):
+    from moai.sources import total_tokens
+
+    t = {"model_config": {"model_type": "llama"}, **train}
+    cfg = parse_config(_sources("ko", train=t, pack={"seq_len": 128}))
+    assert total_tokens(cfg, num_gpus) == (expected, total_tokens(cfg, num_gpus)[1])
+    assert "world size" in total_tokens(cfg, num_gpus)[1]
+    given = parse_config(_sources("ko", train=t, mix={"total_tokens": 12345}))
+    assert total_tokens(given, num_gpus) == (12345, "mix.total_tokens")
+    assert total_tokens(parse_config(_sources("ko")))[0] is None  # no train, no total: what the caps allow

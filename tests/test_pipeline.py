@@ -6,7 +6,7 @@ from pathlib import Path
 
 import datasets
 
-from conftest import config_dict
+from conftest import config_dict, make_texts, write_jsonl
 from moai.config import parse_config
 from moai.formats.tokens import PackedSamples, TokenStore
 from moai.pipeline import prepare
@@ -87,3 +87,88 @@ def test_a_changed_tokenizer_rebuilds_tokenize_not_text(tmp_path, corpus, tokeni
     second = prepare(parse_config(base), progress=False)
     assert built(second) == {"tokenizer", "tokenize", "pack"}
     assert second["tokenizer"] != first["tokenizer"] and Path(first["tokenizer"]).is_dir()  # old copy kept
+
+
+# -- several sources (`sources:`, the mix stage) ---------------------------------------------------
+
+
+def _mixed(tmp_path, tokenizer, weights: dict[str, float], **extra) -> dict:
+    from mixed_sources import source_texts
+
+    sources = []
+    for name, weight in weights.items():
+        path = tmp_path / "data" / name / "corpus.jsonl"
+        if not path.exists():
+            write_jsonl(path, [{"text": t} for t in source_texts(name, 200)])
+        sources.append({"name": name, "path": str(path), "weight": weight, "max_repetition": 3})
+    return {
+        "cache_dir": str(tmp_path / "cache"),
+        "sources": sources,
+        "tokenizer": tokenizer,
+        "pack": {"seq_len": 32},
+        "mix": {"total_tokens": 400 * 32},
+        **extra,
+    }
+
+
+def test_one_weight_rebuilds_only_the_mix_and_a_new_source_only_its_own_chain(tmp_path, tokenizer_dir):
+    tok = {"path": str(tokenizer_dir)}
+    first = prepare(parse_config(_mixed(tmp_path, tok, {"ko": 0.6, "code": 0.3, "en": 0.1})), progress=False)
+    chains = {f"{s}[{n}]" for s in ("convert", "filter", "save", "tokenize") for n in ("ko", "code", "en")}
+    assert built(first) == chains | {"tokenizer", "mix"}
+    assert "pack" not in first["stages"]
+
+    reweighted = prepare(parse_config(_mixed(tmp_path, tok, {"ko": 0.5, "code": 0.3, "en": 0.2})), progress=False)
+    assert built(reweighted) == {"mix"}
+    assert [r["samples"] for r in reweighted["mix"]["sources"]] == [200, 120, 80]
+
+    wider = _mixed(tmp_path, tok, {"ko": 0.5, "code": 0.3, "en": 0.1, "more": 0.1})
+    added = prepare(parse_config(wider), progress=False)
+    assert built(added) == {"convert[more]", "filter[more]", "save[more]", "tokenize[more]", "mix"}
+    for name in ("ko", "code", "en"):
+        assert added["stages"][f"tokenize[{name}]"]["key"] == first["stages"][f"tokenize[{name}]"]["key"]
+
+
+def test_a_source_in_sources_has_the_keys_it_has_alone(tmp_path, tokenizer_dir):
+    """Moving a source from `source:` into `sources:` reuses its chain: the same keys, nothing rebuilt."""
+    tok = {"path": str(tokenizer_dir)}
+    mixed = _mixed(tmp_path, tok, {"ko": 0.6, "code": 0.4})
+    alone = {"cache_dir": mixed["cache_dir"], "source": {"path": mixed["sources"][0]["path"]}, "tokenizer": tok}
+    single = prepare(parse_config({**alone, "pack": {"seq_len": 32}}), progress=False)
+    both = prepare(parse_config(mixed), progress=False)
+    for stage in ("convert", "filter", "save", "tokenize"):
+        assert both["stages"][f"{stage}[ko]"] == {**single["stages"][stage], "built": False}
+    assert not both["stages"]["tokenizer"]["built"]
+
+
+def test_single_source_keys_are_unchanged(tmp_path):
+    """A single `source:` keys every stage as moai did before `sources:` existed, so caches are reused
+    (these keys were computed by the code before it; the corpus is the `corpus` fixture's bytes)."""
+    from moai.pipeline import StageResult, key_of, walk
+
+    corpus = write_jsonl(
+        tmp_path / "data" / "corpus.jsonl", [{"id": i, "text": t} for i, t in enumerate(make_texts(1500, seed=3))]
+    )
+    cfg = parse_config(config_dict(tmp_path, corpus, {"train": {"vocab_size": 400}}))
+    keys = {n: r.key for n, r in walk(cfg, lambda n, i: StageResult(n, key_of(cfg, n, i), "", {}, False)).items()}
+    assert keys == {
+        "convert": "f67012f37e67ce17b6ee",
+        "filter": "e43e00570cca076ffcae",
+        "save": "a0a023eb6fcb32e12e4b",
+        "tokenizer": "6cad8c0a8611863979ef",
+        "tokenize": "d3c503469d1ba682d4de",
+        "pack": "850cca981d8e9e6b55f8",
+    }
+
+
+def test_a_tokenizer_trained_on_several_sources_and_their_units_merged(tmp_path):
+    from moai.pipeline import merge, tokenize_shard
+
+    cfg = parse_config(_mixed(tmp_path, {"train": {"vocab_size": 400}}, {"ko": 0.5, "code": 0.5}))
+    units = [tokenize_shard(cfg, i, 2) for i in range(2)]
+    assert all(set(u["sources"]) == {"ko", "code"} for u in units)
+    merged = merge(cfg, 2)
+    report = json.loads((Path(merged["tokenizer"]) / "_manifest.json").read_text())["report"]
+    assert set(report["documents_by_source"]) == {"ko", "code"} and min(report["documents_by_source"].values()) > 0
+    assert merged["mix"]["tokens"] == 400 * 32
+    assert built(prepare(cfg, progress=False)) == set()

@@ -30,7 +30,8 @@ READS = ("tokenize",)
 
 
 def enabled(config: PipelineConfig) -> bool:
-    return config.pack.enabled
+    """On for one source; with several, the mix stage packs their token stores together."""
+    return config.pack.enabled and config.sources is None
 
 
 def settings(config: PipelineConfig) -> dict[str, Any]:

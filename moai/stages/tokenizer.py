@@ -5,7 +5,11 @@ must have an EOS token, which ends every document in the token store. A missing 
 equal to EOS, is allowed but warned about: padded batches would then mask real EOS labels.
 
 A trained tokenizer is a cached stage of its own, keyed on the saved text and its settings,
-saved with `save_pretrained` so `AutoTokenizer.from_pretrained` opens it.
+saved with `save_pretrained` so `AutoTokenizer.from_pretrained` opens it. With several sources
+it is one tokenizer for all of them, trained on a sample of every source's saved train text in
+proportion to the weights (by text bytes, `weighted_rows`): the weights are then among its
+settings, so with `tokenizer.train` a changed weight retrains it (give `tokenizer.path` to tune
+weights without re-tokenizing).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ log = logging.getLogger(__name__)
 
 NAME = "tokenizer"
 VERSION = 1
+COMBINES = True  # with several sources: one tokenizer, trained on all of them
 
 
 def reads(config: PipelineConfig) -> tuple[str, ...]:
@@ -38,7 +43,10 @@ def reads(config: PipelineConfig) -> tuple[str, ...]:
 
 
 def settings(config: PipelineConfig) -> dict[str, Any]:
-    return config.tokenizer.train.model_dump() if config.tokenizer.train else {}
+    if config.tokenizer.train is None:
+        return {}
+    weights = {"weights": {s.name: s.weight for s in config.sources}} if config.sources is not None else {}
+    return config.tokenizer.train.model_dump() | weights
 
 
 def build(ctx, out: Path) -> dict[str, Any]:
@@ -47,6 +55,12 @@ def build(ctx, out: Path) -> dict[str, Any]:
     tcfg = ctx.config.tokenizer
     if tcfg.train is None:
         return adopt_tokenizer(tcfg.path, out, trust_remote_code=tcfg.trust_remote_code)
+    if ctx.config.sources is not None:
+        saved = ctx.per_source("save")
+        weights = {s.name: s.weight for s in ctx.config.sources}
+        return train_tokenizer_mixed(
+            tcfg.train, {n: (saved[n], w) for n, w in weights.items()}, out, batch_size=ctx.plan.batch_size.value
+        )
     return train_tokenizer(tcfg.train, ctx.path("save"), out, batch_size=ctx.plan.batch_size.value)
 
 
@@ -232,6 +246,51 @@ def train_tokenizer(
     fast.save_pretrained(str(out_dir))
     return {
         "documents": limit,
+        "vocab_size": len(fast),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def weighted_rows(sizes: dict[str, Any], weights: dict[str, float], max_documents: int | None) -> dict[str, int]:
+    """How many of each source's first documents to train on (`sizes`: each document's text bytes):
+    text bytes in proportion to the weights, as many as the scarcest source allows, at most
+    `max_documents` in all, at least one document a source."""
+    import numpy as np
+
+    total_w = sum(weights.values())
+    ends = {n: np.cumsum(np.asarray(sizes[n], dtype=np.int64)) for n in weights}
+    budget = min(float(ends[n][-1]) / (w / total_w) if len(ends[n]) else 0.0 for n, w in weights.items())
+    take = {}
+    for n, w in weights.items():
+        rows = int(np.searchsorted(ends[n], budget * w / total_w * (1 - 1e-12), side="left")) + 1
+        take[n] = max(1, min(rows, len(ends[n])))
+    if max_documents is not None and sum(take.values()) > max_documents:
+        scale = max_documents / sum(take.values())
+        take = {n: max(1, int(k * scale)) for n, k in take.items()}
+    return take
+
+
+def train_tokenizer_mixed(
+    cfg: TokenizerTrainConfig, saved: dict[str, tuple[Path, float]], out_dir: Path, *, batch_size: int = 1000
+) -> dict[str, Any]:
+    """One byte-level BPE over several sources' saved text, sampled by `weighted_rows`."""
+    import pyarrow.compute as pc
+
+    started = time.perf_counter()
+    tables = {n: open_text(path)["train"].data.table for n, (path, _) in saved.items()}
+    sizes = {n: pc.binary_length(t.column(0).cast("binary")).fill_null(0).to_numpy() for n, t in tables.items()}
+    take = weighted_rows(sizes, {n: w for n, (_, w) in saved.items()}, cfg.max_documents)
+
+    def texts():
+        for n, table in tables.items():
+            for batch in text_batches(table, batch_size, 0, take[n]):
+                yield batch.column(0).to_pylist()
+
+    fast = build_bpe(texts(), cfg.vocab_size, cfg.min_frequency, length=sum(take.values()))
+    fast.save_pretrained(str(out_dir))
+    return {
+        "documents": sum(take.values()),
+        "documents_by_source": take,
         "vocab_size": len(fast),
         "seconds": round(time.perf_counter() - started, 3),
     }

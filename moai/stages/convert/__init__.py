@@ -61,7 +61,9 @@ READS = ("source",)  # the root: `source_fingerprint` of the files (or the hub d
 
 
 def settings(config: PipelineConfig) -> dict[str, Any]:
-    """What changes the output besides the source's content (which is the root of the key)."""
+    """What changes the output besides the source's content (which is the root of the key). It runs
+    on one source's config: with several sources, each source's node has its own (`moai.sources`)."""
+    assert config.source is not None
     return config.source.model_dump(exclude={"path", "hub", "split", "subset"})
 
 

@@ -1,0 +1,298 @@
+"""mix: one sample index over several sources' token stores, each source at exactly its share.
+
+Each source's train split is cut into `seq_len` windows (`pack.concat_chunk`, full windows only).
+The budget, `total_tokens // seq_len` windows (`moai.sources.total_tokens`), is shared out by
+largest remainders of the exact shares (`allot`), so a source's realised tokens differ from its
+share of the budget by less than one window. A source gives whole passes over its windows, each
+in a fresh seeded order, then a seeded part of one more pass: at most `max_repetition` passes. A
+budget a source cannot meet is a `DataError` naming the source, its tokens, the tokens it would
+need, and the smallest change that fits (its weight, its max_repetition, or the total).
+
+The sources are interleaved by a fixed schedule (`interleave`): source i's j-th window goes to
+the slot whose ideal time (j + ½) / nᵢ comes next, so every stretch of consecutive samples holds
+each source's share within about one sample (about 0.2 percentage points in 1,000 samples).
+The index is a pure function of (seed, the sources' window counts, the settings); training reads
+it in stored order.
+
+Output (`moai-sample-index/2`): `pack.json` (seq_len, mode "mix", order "as-stored", the
+sources' names and token stores relative to the cache dir, samples per split) and `<split>.npy`,
+int64 (n, 3) rows of [source index, start token, length] into that source's split of the same
+name. Validation holds every validation window of every source, source after source.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import zlib
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moai.config import PipelineConfig
+from moai.errors import DataError
+from moai.formats.tokens import MIX_FORMAT, TokenStore
+from moai.sources import needs_gpu_count, shares, source_names, total_tokens
+from moai.stages.pack import concat_chunk
+
+log = logging.getLogger(__name__)
+
+NAME = "mix"
+VERSION = 1
+READS = ("tokenize",)
+COMBINES = True  # reads the tokenize output of every source, not one source's
+
+
+def enabled(config: PipelineConfig) -> bool:
+    return config.sources is not None
+
+
+def budget(config: PipelineConfig) -> tuple[int | None, str]:
+    """The mix's token budget and where it comes from (the GPUs are counted only when it depends on them)."""
+    num_gpus = 0
+    if needs_gpu_count(config):
+        from moai.hardware import gpu_count
+
+        num_gpus = gpu_count()
+    return total_tokens(config, num_gpus)
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    """The sources' names, weights and caps, the resolved budget, seq_len and seed (not the sources'
+    own settings: those are in the keys of their token stores, which this stage chains from)."""
+    total, _ = budget(config)
+    return {
+        "sources": [
+            {"name": s.name, "weight": s.weight, "max_repetition": s.max_repetition} for s in config.sources or ()
+        ],
+        "total_tokens": total,
+        "seq_len": config.pack.seq_len,
+        "drop_remainder": config.pack.drop_remainder,  # of the validation windows; train uses full windows only
+        "seed": config.mix.seed,
+    }
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    config: PipelineConfig = ctx.config
+    stores = ctx.per_source("tokenize")
+    total, total_from = budget(config)
+    return mix(
+        config,
+        [stores[name] for name in source_names(config) or ()],
+        out,
+        cache_root=ctx.store.root,
+        total=total,
+        total_from=total_from,
+    )
+
+
+# -- the pure parts: shares, feasibility, order ----------------------------------------------------
+
+
+def allot(shares_: list[Fraction], num_samples: int) -> list[int]:
+    """`num_samples` shared by largest remainders: each count is floor or ceil of its exact share,
+    and they add up to `num_samples`; ties go to the source listed first."""
+    quotas = [s * num_samples for s in shares_]
+    counts = [int(q) for q in quotas]  # floor: quotas are >= 0
+    rest = num_samples - sum(counts)
+    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in by_remainder[:rest]:
+        counts[i] += 1
+    return counts
+
+
+def caps(windows: list[int], max_repetition: list[float]) -> list[int]:
+    """The most windows each source may give: max_repetition passes over its windows."""
+    return [int(Fraction(n) * Fraction(r)) for n, r in zip(windows, max_repetition, strict=True)]
+
+
+def largest_budget(shares_: list[Fraction], cap: list[int]) -> int:
+    """The most samples whose largest-remainder shares fit every source's cap."""
+    # a count is at most its quota rounded up, so no budget above this one fits
+    best = min(int((c + 1) / s) for c, s in zip(cap, shares_, strict=True) if s)
+    while best > 0 and any(n > c for n, c in zip(allot(shares_, best), cap, strict=True)):
+        best -= 1
+    return best
+
+
+def refuse(
+    names: list[str],
+    weights: list[float],
+    max_repetition: list[float],
+    windows: list[int],
+    counts: list[int],
+    seq_len: int,
+) -> None:
+    """A `DataError` naming the first source whose count is over its cap, with the changes that fit:
+    (when it is the only one short) a lower weight or a higher max_repetition for it, or a smaller total."""
+    shares_ = [Fraction(w) / sum(Fraction(x) for x in weights) for w in weights]
+    cap = caps(windows, max_repetition)
+    over = [i for i, (n, c) in enumerate(zip(counts, cap, strict=True)) if n > c]
+    if not over:
+        return
+    i = over[0]
+    name, total = names[i], sum(counts)
+    fixes = []
+    if len(over) == 1:
+        weight = fitting_weight(weights, cap, i, total)
+        if weight is not None:
+            fixes.append(f"weight ≤ {weight:g} for {name}")
+        if windows[i] > 0:
+            fixes.append(f"max_repetition ≥ {fitting_repetition(windows[i], counts[i]):g} for {name}")
+    fixes.append(f"mix.total_tokens ≤ {largest_budget(shares_, cap) * seq_len:,}")
+    also = f" ({', '.join(names[j] for j in over[1:])} short too)" if len(over) > 1 else ""
+    raise DataError(
+        f"mix: source {name!r} has {windows[i] * seq_len:,} tokens in {windows[i]:,} windows of {seq_len} and "
+        f"max_repetition {max_repetition[i]:g}, but its share of {total * seq_len:,} tokens needs "
+        f"{counts[i] * seq_len:,}{also}; set " + ", or ".join(fixes)
+    )
+
+
+def fitting_weight(weights: list[float], cap: list[int], i: int, total: int) -> float | None:
+    """The largest weight for source i (4 significant digits, the others unchanged) at which every
+    source fits its cap; None when none does (the others would then be short)."""
+    others = sum(Fraction(w) for j, w in enumerate(weights) if j != i)
+    if cap[i] == 0 or others == 0 or cap[i] >= total:
+        return None
+    guess = float(cap[i] * others / (total - cap[i]))
+    scale = 10 ** (3 - int(np.floor(np.log10(guess))))
+    w = int(guess * scale) / scale
+    for _ in range(20):
+        if w <= 0:
+            return None
+        trial = [Fraction(x) for x in weights]
+        trial[i] = Fraction(w)
+        counts = allot([x / sum(trial) for x in trial], total)
+        if counts[i] <= cap[i]:
+            return w if all(n <= c for n, c in zip(counts, cap, strict=True)) else None
+        w = (round(w * scale) - 1) / scale
+    return None
+
+
+def fitting_repetition(windows: int, count: int) -> float:
+    """The smallest max_repetition with two decimals whose cap holds `count` windows."""
+    r = Fraction(math.ceil(Fraction(count, windows) * 100), 100)
+    while caps([windows], [float(r)])[0] < count:  # the float of r may fall just under it
+        r += Fraction(1, 100)
+    return float(r)
+
+
+def interleave(counts: list[int]) -> np.ndarray:
+    """The slot order of a schedule: positions into the sources' samples laid end to end (source 0's
+    first), sorted by ideal time (j + ½) / nᵢ, ties to the source listed first."""
+    times = np.concatenate([(np.arange(n, dtype=np.float64) + 0.5) / n for n in counts if n])
+    return np.argsort(times, kind="stable")
+
+
+def passes(num_windows: int, count: int, seed: int, name: str) -> np.ndarray:
+    """Which of a source's windows it gives, in order: whole passes, each a fresh seeded permutation,
+    then the start of one more (a seeded subset, never a window twice before every window once more)."""
+    if count == 0:
+        return np.empty(0, dtype=np.int64)
+    tag = zlib.crc32(name.encode())  # by name: adding a source leaves the others' orders as they were
+    out = np.empty(count, dtype=np.int64)
+    for p, at in enumerate(range(0, count, num_windows)):
+        n = min(num_windows, count - at)
+        out[at : at + n] = np.random.default_rng([seed, tag, p]).permutation(num_windows)[:n]
+    return out
+
+
+def mix_samples(windows: list[np.ndarray], counts: list[int], seed: int, names: list[str]) -> np.ndarray:
+    """(sum(counts), 3) int64 [source, start, length]: source i gives counts[i] of its `windows`
+    ((n, 2) [start, length]), interleaved by `interleave`."""
+    parts = []
+    for i, (w, n) in enumerate(zip(windows, counts, strict=True)):
+        if n:
+            chosen = w[passes(len(w), n, seed, names[i])]
+            parts.append(np.column_stack([np.full(n, i, dtype=np.int64), chosen]))
+    if not parts:
+        return np.empty((0, 3), dtype=np.int64)
+    return np.concatenate(parts)[interleave(counts)]
+
+
+# -- the stage -------------------------------------------------------------------------------------
+
+
+def mix(
+    config: PipelineConfig,
+    store_dirs: list[Path],
+    out_dir: Path,
+    *,
+    cache_root: Path,
+    total: int | None,
+    total_from: str,
+) -> dict[str, Any]:
+    """Write the mixed sample index of the train and validation splits; return the per-source report."""
+    started = time.perf_counter()
+    sources = config.sources or []
+    names = [s.name for s in sources]
+    weights = [s.weight for s in sources]
+    reps = [s.max_repetition for s in sources]
+    seq_len = config.pack.seq_len
+    stores = [TokenStore(d) for d in store_dirs]
+    train_tokens = [s.split("train").num_tokens for s in stores]
+    windows = [concat_chunk(n, seq_len, drop_remainder=True) for n in train_tokens]
+    available = [len(w) for w in windows]
+    shares_ = shares(config)
+    budget = largest_budget(shares_, caps(available, reps)) if total is None else total // seq_len
+    if budget == 0:
+        raise DataError(
+            f"mix: a budget of {total or 0:,} tokens ({total_from}) is less than one pack.seq_len={seq_len} window; "
+            "raise mix.total_tokens or lower pack.seq_len"
+        )
+    counts = allot(shares_, budget)
+    refuse(names, weights, reps, available, counts, seq_len)
+    train = mix_samples(windows, counts, config.mix.seed, names)
+    np.save(out_dir / "train.npy", train)
+    val_parts = []
+    for i, s in enumerate(stores):
+        v = concat_chunk(s.split("validation").num_tokens, seq_len, config.pack.drop_remainder)
+        val_parts.append(np.column_stack([np.full(len(v), i, dtype=np.int64), v]))
+    validation = np.concatenate(val_parts).astype(np.int64).reshape(-1, 3)
+    np.save(out_dir / "validation.npy", validation)
+    val_counts = np.bincount(validation[:, 0], minlength=len(names))
+    meta = {
+        "format": MIX_FORMAT,
+        "seq_len": seq_len,
+        "mode": "mix",
+        "order": "as-stored",
+        "sources": [
+            {"name": n, "token_store": str(d.relative_to(cache_root))} for n, d in zip(names, store_dirs, strict=True)
+        ],
+        "splits": {"train": len(train), "validation": len(validation)},
+    }
+    (out_dir / "pack.json").write_text(json.dumps(meta, indent=2))
+    rows = [
+        {
+            "name": names[i],
+            "weight": weights[i],
+            "share": round(float(shares_[i]), 6),
+            "max_repetition": reps[i],
+            "tokens_available": train_tokens[i],
+            "windows_available": available[i],
+            "target_tokens": round(float(shares_[i] * budget * seq_len)),
+            "realised_tokens": counts[i] * seq_len,
+            "realised_share": round(counts[i] / budget, 6),
+            "samples": counts[i],
+            "epochs": round(counts[i] / available[i], 4) if available[i] else 0.0,
+            "validation_samples": int(val_counts[i]),
+        }
+        for i in range(len(names))
+    ]
+    for r in rows:
+        log.info("mix: %s", {k: r[k] for k in ("name", "share", "realised_share", "samples", "epochs")})
+    return {
+        "rows_in": sum(available),
+        "rows_out": len(train) + len(validation),
+        "samples": {"train": len(train), "validation": len(validation)},
+        "seq_len": seq_len,
+        "tokens": budget * seq_len,
+        "total_tokens": total,
+        "total_from": total_from,
+        "sources": rows,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
