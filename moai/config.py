@@ -21,8 +21,27 @@ from moai.errors import ConfigError
 __all__ = ["ConfigError"]  # re-exported: config errors are raised here and caught as moai.config.ConfigError
 
 
+# Prefect's run form draws the flow's JSON schema. An optional setting (`X | None`) drew an `X | None`
+# switch and a `Property is type "None"` line; `_form_schema` gives it X's schema alone and no
+# `default: null` (the form would fill an empty box with it and send the null). Validation is
+# unchanged, and Prefect's server check still takes an explicit null for a property with no default.
+# An optional choice (`Literal[...] | None`) becomes an enum that holds None: a select offering None.
+# Optional sections (source, sources, tokenizer.train, train) keep their switch: None there is a choice.
+# docs/FIELD-NOTES.md says what was measured.
+def _form_schema(schema: dict[str, Any]) -> None:
+    for prop in schema.get("properties", {}).values():
+        options = prop.get("anyOf", [])
+        if len(options) == 2 and {"type": "null"} in options:
+            (kept,) = [o for o in options if o != {"type": "null"}]
+            if "$ref" not in kept and kept.get("type") not in ("object", "array"):
+                del prop["anyOf"]
+                prop.update({"enum": [*kept["enum"], None]} if "enum" in kept else kept)
+        if "default" in prop and prop["default"] is None and "anyOf" not in prop:
+            del prop["default"]
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=_form_schema)
 
 
 class SourceConfig(_Model):
@@ -273,7 +292,6 @@ class PipelineConfig(_Model):
         elif self.mix != MixConfig():
             raise ValueError("mix is for sources (several named sources); with one source there is nothing to mix")
         return self
-
 
 
 def _describe(err: ValidationError) -> str:

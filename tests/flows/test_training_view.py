@@ -100,3 +100,50 @@ def test_run_form_schema_has_no_anyof_of_string_and_object(pretrain):
     # validation still takes a path and an inline dict
     assert TrainConfig.model_validate({"model_config": "configs/model.json"}).model == "configs/model.json"
     assert TrainConfig.model_validate({"model_config": {"model_type": "llama"}}).model == {"model_type": "llama"}
+
+
+def test_a_mixed_run_shows_tokens_and_eval_loss_per_source():
+    step = {**RECORDS[-2], "tokens_by_source": {"ko": 60_000, "code": 30_000, "en": 10_000}}
+    evaluation = {**RECORDS[-1], "eval_loss/ko": 5.25, "eval_loss/code": 4.5, "eval_loss/en": 6.0}
+    md = training_view.training_markdown([step, evaluation], output_dir="/runs/a", max_steps=100, status="running")
+    assert "| tokens per source | ko 60.0% (60,000) · code 30.0% (30,000) · en 10.0% (10,000) |" in md
+    assert "| eval loss per source | ko 5.25 · code 4.5 · en 6 |" in md
+    line = training_view.log_line(evaluation)
+    assert line == "eval at step 50: loss 5.5000, perplexity 244.7 (ko 5.25 · code 4.5 · en 6)"
+    one = training_view.training_markdown(RECORDS, output_dir="/runs/a", max_steps=100, status="running")
+    assert "per source" not in one  # one source: the card as it was
+
+
+# Optional sections: None there is a choice the form must offer (one source or several, a tokenizer
+# path or a trained one, prepare data only), so they keep an `X | None` switch.
+SECTIONS = {"PipelineConfig": {"source", "sources", "train"}, "TokenizerConfig": {"train"}}
+
+
+def test_run_form_schema_has_no_null_branch_for_an_optional_setting(pretrain):
+    """Each `X | None` setting drew an `X | None` switch and `Property is type "None"` in Prefect's
+    run form (27 of them, 9,614 px for the tiny deployment). An optional setting has neither a null
+    branch nor a `default: null` in the schema (the form would send that null), and still validates
+    None; Prefect's server check (`validate`, as with enforce_parameter_schema) takes explicit nulls."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools.validation import validate
+
+    from moai.config import PipelineConfig
+    from moai.presets import tiny
+
+    schema = parameter_schema(pretrain).model_dump()
+    null_branches, null_defaults = [], []
+    for name, definition in schema["definitions"].items():
+        for key, prop in definition.get("properties", {}).items():
+            options = prop.get("anyOf", [])
+            if {"type": "null"} in options and key not in SECTIONS.get(name, set()):
+                null_branches.append(f"{name}.{key}")
+            if not options and "default" in prop and prop["default"] is None:
+                null_defaults.append(f"{name}.{key}")
+    assert null_branches == [] and null_defaults == [], (null_branches, null_defaults)
+    assert schema["definitions"]["FilterConfig"]["properties"]["max_chars"]["type"] == "integer"
+    # validation is unchanged: an explicit None (a `key: null` in a YAML) is still a valid value
+    dumped = tiny().model_dump(mode="json", by_alias=True)
+    assert dumped["train"]["mixed_precision"] is None and dumped["filter"]["max_chars"] is None
+    assert PipelineConfig.model_validate(dumped) == tiny()
+    # and so is it for Prefect's server-side check of a deployment's parameters
+    assert validate({"config": dumped}, schema, raise_on_error=False, ignore_required=True) == []
