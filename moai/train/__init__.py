@@ -5,9 +5,10 @@ One process per rank runs `loop.train`: set up → build → resume → steps �
 - `resolved`: `ResolvedRun`, the typed RESOLVED.json that `moai.launch.resolve` writes and each
   training process reads and validates;
 - `data`: the order of samples, a pure function of (seed, epoch, i) sharded by rank, so a resume
-  needs only the step count (O(1), no batches replayed); packed samples (memory-mapped, with
-  `position_ids` restarting at each document, and `use_cache=False`, so attention stops at
-  document boundaries) or padded documents; this rank's loader;
+  needs only the step count (O(1), no batches replayed): shuffled per epoch, or the stored order
+  of a mixed index (format 2); packed samples (memory-mapped, with `position_ids` restarting at
+  each document, and `use_cache=False`, so attention stops at document boundaries) or padded
+  documents; this rank's loader; tokens read per source of a mixed index (`SourceTokens`);
 - `model`: the model, AdamW with a cosine schedule and warm-up, FLOPs per token and GPU peaks (MFU);
 - `checkpoint`: every `save_every` steps (model + tokenizer via save_pretrained, optimizer,
   scheduler, RNG states, samples consumed), the last `keep_last` kept, published by rename; a
@@ -15,6 +16,7 @@ One process per rank runs `loop.train`: set up → build → resume → steps �
   decides fresh / resume / finished (or refuses other settings) before data prep and launch;
 - `metrics`: one JSON line per `log_every` steps on stdout and in `<output_dir>/metrics.jsonl`
   (a resumed run first drops the lines after its start step), evaluation on the validation split;
+  a mixed run adds "tokens_by_source" to step lines and "eval_loss/<source>" to eval lines;
 - `loop`: `train`, its steps, and `guarded` (the one failure line `moai.launch` reads).
 
 Importing this package loads numpy and pydantic, not torch, transformers or accelerate: those are
@@ -30,9 +32,19 @@ from moai.train.checkpoint import (
     run_identity,
     save_checkpoint,
 )
-from moai.train.data import DocumentDataset, PackedDataset, StepBatches, epoch_order, make_loader, open_data, sample_ids
+from moai.train.data import (
+    DocumentDataset,
+    PackedDataset,
+    SourceTokens,
+    StepBatches,
+    epoch_order,
+    make_loader,
+    open_data,
+    sample_ids,
+    sample_order_identity,
+)
 from moai.train.loop import guarded, train
-from moai.train.metrics import MetricsWriter, evaluate, kept_metrics, trim_metrics
+from moai.train.metrics import MetricsWriter, evaluate, evaluate_sources, kept_metrics, trim_metrics
 from moai.train.model import (
     PEAK_BF16,
     attention_kind,
@@ -52,6 +64,7 @@ __all__ = [
     "PackedDataset",
     "ResolvedRun",
     "ResumePlan",
+    "SourceTokens",
     "StepBatches",
     "TrainState",
     "attention_kind",
@@ -61,6 +74,7 @@ __all__ = [
     "cosine_with_warmup",
     "epoch_order",
     "evaluate",
+    "evaluate_sources",
     "flops_per_token",
     "guarded",
     "kept_metrics",
@@ -71,6 +85,7 @@ __all__ = [
     "resume_plan",
     "run_identity",
     "sample_ids",
+    "sample_order_identity",
     "save_checkpoint",
     "train",
     "trim_metrics",

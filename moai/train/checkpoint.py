@@ -45,8 +45,11 @@ class TrainState:
     run: dict[str, Any] | None = None
 
 
-def run_identity(t: TrainConfig, world: int | None, seq_len: int, num_samples: int | None) -> dict[str, Any]:
-    """What the order of samples and the learning rate depend on; None: not known yet (not compared)."""
+def run_identity(
+    t: TrainConfig, world: int | None, seq_len: int, num_samples: int | None, sample_order: str | None = None
+) -> dict[str, Any]:
+    """What the order of samples and the learning rate depend on; None: not known yet (not compared).
+    `sample_order` is `data.sample_order_identity`: "shuffle", or a mixed index's stored order."""
     return {
         "seed": t.seed,
         "micro_batch_size": t.micro_batch_size,
@@ -55,8 +58,12 @@ def run_identity(t: TrainConfig, world: int | None, seq_len: int, num_samples: i
         "seq_len": seq_len,
         "train_samples": num_samples,
         "max_steps": t.max_steps,
+        "sample_order": sample_order,
     }
 
+
+# What a checkpoint written before an entry existed had: every run was shuffled by the trainer.
+IDENTITY_DEFAULTS: dict[str, Any] = {"sample_order": "shuffle"}
 
 # Where each entry of a run identity comes from, as a user would change it.
 IDENTITY_SETTINGS = {
@@ -67,13 +74,15 @@ IDENTITY_SETTINGS = {
     "seq_len": "pack.seq_len",
     "train_samples": "training samples (the prepared data)",
     "max_steps": "train.max_steps (the learning-rate schedule)",
+    "sample_order": "sample order (train.seed's shuffle, or a mixed index's stored order: its sources and weights)",
 }
 
 
 def identity_mismatch(output_dir: Path, saved: dict[str, Any], now: dict[str, Any]) -> ConfigError | None:
     """The one-line error for a checkpoint whose run identity differs from this run's (entries of
     `now` that are None are not known yet and not compared); None when they agree."""
-    diff = {k: (saved.get(k), v) for k, v in now.items() if v is not None and saved.get(k) != v}
+    was = {k: saved.get(k, IDENTITY_DEFAULTS.get(k)) for k in now}
+    diff = {k: (was[k], v) for k, v in now.items() if v is not None and was[k] != v}
     if not diff:
         return None
     what = ", ".join(
@@ -95,12 +104,19 @@ class ResumePlan:
     detail: str  # one line saying so, for the terminal and `moai plan`
 
 
-def resume_plan(config: PipelineConfig, *, num_gpus: int | None = None, num_samples: int | None = None) -> ResumePlan:
+def resume_plan(
+    config: PipelineConfig,
+    *,
+    num_gpus: int | None = None,
+    num_samples: int | None = None,
+    sample_order: str | None = None,
+) -> ResumePlan:
     """Decide from the config and the newest checkpoint's `state.json` (nothing else is read) what
     training will do in train.output_dir; raise `ConfigError` when that checkpoint was made with
     other settings. What is not known yet is not compared: the world size needs train.num_processes
-    or `num_gpus`, the number of training samples needs the prepared data (`num_samples`), so
-    `launch_training` asks again, with both, right before launching."""
+    or `num_gpus`, the number of training samples and their order need the prepared data
+    (`num_samples`, `sample_order` from `data.sample_order_identity`), so `launch_training` asks
+    again right before launching; the ranks compare everything again when they load it."""
     t = config.train
     if t is None:
         raise ConfigError("the config has no train section: nothing to train (add one, or run moai prepare)")
@@ -117,7 +133,7 @@ def resume_plan(config: PipelineConfig, *, num_gpus: int | None = None, num_samp
         world = None
         if t.num_processes is not None or num_gpus is not None:
             world = (t.num_processes or max(1, num_gpus or 0)) * t.num_machines
-        now = run_identity(t, world, config.pack.seq_len, num_samples)
+        now = run_identity(t, world, config.pack.seq_len, num_samples, sample_order)
         if (mismatch := identity_mismatch(out, state.run, now)) is not None:
             raise mismatch
     final = out / "final"

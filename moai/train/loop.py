@@ -22,7 +22,16 @@ from typing import Any
 
 from moai.config import ConfigError, TrainConfig
 from moai.train.checkpoint import TrainState, resume, run_identity, save_checkpoint, save_final
-from moai.train.data import Dataset, PackedDataset, make_loader, open_data, record_first_samples
+from moai.train.data import (
+    Dataset,
+    PackedDataset,
+    SourceTokens,
+    make_loader,
+    open_data,
+    record_first_samples,
+    sample_order_identity,
+    source_tokens,
+)
 from moai.train.metrics import MetricsWriter, Throughput, eval_line
 from moai.train.model import attention_kind, build_model, build_optimizer, flops_per_token, peak_flops
 from moai.train.resolved import ResolvedRun
@@ -48,6 +57,7 @@ class Run:
     seq_len: int
     token_flops: float  # training FLOPs per token (`flops_per_token`), for MFU
     peak: float | None  # this GPU's bf16 peak FLOP/s, for MFU; None: unknown (or no GPU)
+    sources: SourceTokens | None = None  # tokens read per source (a mixed index); None: one source
 
 
 def train(job: ResolvedRun) -> dict[str, Any]:
@@ -77,9 +87,8 @@ def train(job: ResolvedRun) -> dict[str, Any]:
     raw_model = accelerator.unwrap_model(model)
 
     world, rank = accelerator.num_processes, accelerator.process_index
-    state, resumed = resume(
-        out, accelerator, raw_model, optimizer, scheduler, run_identity(t, world, seq_len, len(train_data))
-    )
+    identity = run_identity(t, world, seq_len, len(train_data), sample_order_identity(train_data))
+    state, resumed = resume(out, accelerator, raw_model, optimizer, scheduler, identity)
     metrics = MetricsWriter(accelerator, out, start_step=state.step)
     if t.compile:
         model = torch.compile(model)
@@ -89,6 +98,7 @@ def train(job: ResolvedRun) -> dict[str, Any]:
     record_first_samples(out, train_data, t, rank, world, state.step)
 
     device_name = torch.cuda.get_device_name(accelerator.device) if torch.cuda.is_available() else None
+    sources = source_tokens(train_data, t, world)
     metrics.write(
         {
             "event": "start",
@@ -101,6 +111,7 @@ def train(job: ResolvedRun) -> dict[str, Any]:
             "mixed_precision": mixed,
             "attention": attn,
             "resumed": resumed,
+            **({"sources": train_data.source_names} if sources else {}),
         }
     )
     run = Run(
@@ -118,6 +129,7 @@ def train(job: ResolvedRun) -> dict[str, Any]:
         seq_len,
         fpt,
         peak_flops(device_name),
+        sources,
     )
     stop_at = min(t.max_steps, state.step + t.stop_after_steps) if t.stop_after_steps else t.max_steps
     last = run_steps(run, loader, stop_at)
@@ -210,6 +222,8 @@ def log_step(run: Run, window: Throughput, loss_sum, grad_norm, lr: float) -> di
         "tokens": state.tokens_consumed,
         "max_steps": t.max_steps,
     }
+    if run.sources is not None:
+        line["tokens_by_source"] = run.sources.upto(state.samples_consumed)
     run.metrics.write(line)
     window.restart()
     return line

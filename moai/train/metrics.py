@@ -5,9 +5,16 @@ Every record goes, from the main process only, to stdout (one JSON object a line
 (TensorBoard, MLflow) when there is one. A run starting at step S first drops the lines after S
 (logged after the checkpoint it resumes from, before a kill), so each step appears once.
 
+A run over a mixed index (several sources) adds to each step line "tokens_by_source" (tokens read
+from each source so far, `data.SourceTokens`) and to each eval line "eval_loss/<name>" per source;
+the tracker gets them as `tokens/<name>` and `eval_loss/<name>`. Each source is evaluated on its
+own first `eval_batches` global batches of validation samples (so a small source is measured as
+well as a large one), and "eval_loss" is the mean over all those samples. One-source runs log
+exactly the lines they always did.
+
 Costs: a record is one small write and flush; the throughput window counts tokens on the device
 (no wait per step) and costs one all-reduce when read; `evaluate` runs `eval_batches` forward
-passes per rank and two all-reduces.
+passes per rank (per source in a mixed run) and two all-reduces.
 """
 
 from __future__ import annotations
@@ -20,9 +27,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from moai.config import TrainConfig
+from moai.train.data import PackedDataset
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from moai.train.data import Dataset
 
 log = logging.getLogger(__name__)
@@ -72,6 +84,10 @@ def trim_metrics(path: Path, step: int) -> int:
     return len(lines) - len(kept)
 
 
+# Records' per-source dicts, as the tracker names their scalars.
+TRACKER_GROUPS = {"tokens_by_source": "tokens"}
+
+
 class MetricsWriter:
     """The run's record sink: stdout, metrics.jsonl and the tracker, on the main process only.
 
@@ -101,6 +117,8 @@ class MetricsWriter:
         self.file.write(line + "\n")
         self.file.flush()
         numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step" and v is not None}
+        for key, prefix in TRACKER_GROUPS.items():  # {"ko": 3} under "tokens_by_source" -> "tokens/ko"
+            numbers.update({f"{prefix}/{name}": v for name, v in (record.get(key) or {}).items()})
         if numbers:
             self.accelerator.log(numbers, step=record["step"])
 
@@ -133,41 +151,76 @@ class Throughput:
         self.tokens.zero_()
 
 
+def _loss_sums(model, accelerator, data: Dataset, t: TrainConfig, pool: Sequence[int] | np.ndarray):
+    """(summed per-sample loss, samples) on this rank over the first `eval_batches` global batches
+    of the sample ids `pool`, still on the device."""
+    import torch
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    total, count = torch.zeros((), device=accelerator.device), torch.zeros((), device=accelerator.device)
+    for b in range(t.eval_batches):
+        at = range((b * world + rank) * t.micro_batch_size, (b * world + rank + 1) * t.micro_batch_size)
+        ids = [int(pool[p]) for p in at if p < len(pool)]
+        if not ids:
+            break
+        batch = {k: v.to(accelerator.device) for k, v in data.collate([data[i] for i in ids]).items()}
+        with accelerator.autocast():
+            out = model(**batch, use_cache=False)
+        total += out.loss.float() * len(ids)
+        count += len(ids)
+    return total, count
+
+
+def source_pools(data: Dataset) -> list[np.ndarray] | None:
+    """Each source's validation sample ids in stored order; None for one source."""
+    if not isinstance(data, PackedDataset) or len(data.source_names) < 2:
+        return None
+    ids = np.asarray(data.samples.source_ids)
+    return [np.flatnonzero(ids == k) for k in range(len(data.source_names))]
+
+
 def evaluate(model, accelerator, data: Dataset | None, t: TrainConfig) -> float | None:
     """Mean loss over the first `eval_batches` global batches of `data`, split over the ranks."""
+    losses = evaluate_sources(model, accelerator, data, t, None)
+    return None if losses is None else losses[0]
+
+
+def evaluate_sources(
+    model, accelerator, data: Dataset | None, t: TrainConfig, pools: list[np.ndarray] | None
+) -> tuple[float, list[float | None]] | None:
+    """(mean loss over every evaluated sample, each pool's mean loss or None when it is empty); the
+    pools are sample ids (None: the whole split, in order, as one pool); collective: two all-reduces."""
     import torch
 
     if data is None or len(data) == 0:
         return None
     model.eval()
-    world, rank = accelerator.num_processes, accelerator.process_index
-    total, count = torch.zeros((), device=accelerator.device), torch.zeros((), device=accelerator.device)
+    every: list[Sequence[int] | np.ndarray] = list(pools) if pools else [range(len(data))]
     with torch.no_grad():
-        for b in range(t.eval_batches):
-            ids = [
-                i
-                for i in range((b * world + rank) * t.micro_batch_size, (b * world + rank + 1) * t.micro_batch_size)
-                if i < len(data)
-            ]
-            if not ids:
-                break
-            batch = {k: v.to(accelerator.device) for k, v in data.collate([data[i] for i in ids]).items()}
-            with accelerator.autocast():
-                out = model(**batch, use_cache=False)
-            total += out.loss.float() * len(ids)
-            count += len(ids)
+        sums = [_loss_sums(model, accelerator, data, t, pool) for pool in every]
     model.train()
-    total, count = accelerator.reduce(total, "sum"), accelerator.reduce(count, "sum")
-    return float(total / count) if count > 0 else None
+    total = accelerator.reduce(torch.stack([s[0] for s in sums]), "sum")
+    count = accelerator.reduce(torch.stack([s[1] for s in sums]), "sum")
+    if float(count.sum()) == 0:
+        return None
+    each = [float(total[k] / count[k]) if count[k] > 0 else None for k in range(len(sums))]
+    return float(total.sum() / count.sum()), each
 
 
 def eval_line(
     model, accelerator, data: Dataset | None, t: TrainConfig, step: int, metrics: MetricsWriter
 ) -> dict[str, Any] | None:
-    """Evaluate and write the eval record (loss and perplexity); None when there is nothing to evaluate."""
-    loss = evaluate(model, accelerator, data, t)
-    if loss is None:
+    """Evaluate and write the eval record (loss and perplexity, and each source's loss in a mixed
+    run); None when there is nothing to evaluate."""
+    pools = None if data is None else source_pools(data)
+    losses = evaluate_sources(model, accelerator, data, t, pools)
+    if losses is None:
         return None
-    line = {"step": step, "eval_loss": round(loss, 6), "eval_ppl": round(math.exp(min(loss, 50)), 4)}
+    loss, each = losses
+    line: dict[str, Any] = {"step": step, "eval_loss": round(loss, 6), "eval_ppl": round(math.exp(min(loss, 50)), 4)}
+    if pools is not None:
+        assert data is not None
+        names = data.source_names
+        line.update({f"eval_loss/{n}": round(v, 6) for n, v in zip(names, each, strict=True) if v is not None})
     metrics.write(line)
     return line
