@@ -36,6 +36,19 @@ def latest(records: Sequence[dict[str, Any]], field: str) -> dict[str, Any]:
     return next((r for r in reversed(records) if r.get(field) is not None), {})
 
 
+def source_eval_losses(record: dict[str, Any]) -> str:
+    """A mixed run's eval loss per source, "ko 2.31 · code 1.87"; "" for one source."""
+    prefix = "eval_loss/"
+    return " · ".join(f"{k[len(prefix) :]} {number(v)}" for k, v in record.items() if k.startswith(prefix))
+
+
+def source_tokens(record: dict[str, Any]) -> str:
+    """A mixed run's tokens read per source so far, with each one's share: "ko 61.0% (1,234) · …"."""
+    counts = record.get("tokens_by_source") or {}
+    total = sum(counts.values())
+    return " · ".join(f"{name} {percent(n / total)} ({number(n)})" for name, n in counts.items()) if total else ""
+
+
 def log_line(record: dict[str, Any], max_steps: int | None = None) -> str | None:
     """One readable line for a metrics record (the JSON itself stays in metrics.jsonl)."""
     if "loss" in record:
@@ -47,7 +60,9 @@ def log_line(record: dict[str, Any], max_steps: int | None = None) -> str | None
         )
     if "eval_loss" in record:
         ppl = number(record.get("eval_ppl"))
-        return f"eval at step {record['step']:,}: loss {record['eval_loss']:.4f}, perplexity {ppl}"
+        each = source_eval_losses(record)
+        by_source = f" ({each})" if each else ""
+        return f"eval at step {record['step']:,}: loss {record['eval_loss']:.4f}, perplexity {ppl}{by_source}"
     if record.get("event") == "start":
         resumed = f"resumed at step {record['step']:,}" if record.get("resumed") else "from step 0"
         return (
@@ -102,6 +117,8 @@ def training_markdown(
         ("grad norm", number(step_rec.get("grad_norm"))),
         ("lr", f"{step_rec['lr']:.2e}" if isinstance(step_rec.get("lr"), (int, float)) else "—"),
         ("tokens seen", number(step_rec.get("tokens"))),
+        *([("tokens per source", source_tokens(step_rec))] if step_rec.get("tokens_by_source") else []),
+        *([("eval loss per source", source_eval_losses(eval_rec))] if source_eval_losses(eval_rec) else []),
         ("elapsed", duration(elapsed_s)),
         ("ETA", duration(eta_s) if status == "running" else "—"),
     ]
