@@ -54,20 +54,21 @@ def export_webdataset(
     out.mkdir(parents=True, exist_ok=True)
     if any(out.glob("shard-*.tar")):
         raise DataError(f"{out} already holds shards; export into an empty folder")
-    dtype = samples.tokens.dtype
-    offsets = samples.tokens.doc_offsets
+    # the widest of the sources' dtypes (they share a tokenizer, so they are all the same in practice)
+    dtype = max((split.dtype for split in samples.token_splits), key=lambda d: d.itemsize)
     shards: list[dict[str, Any]] = []
     with wds.ShardWriter(
         str(out / "shard-%05d.tar"), maxsize=parse_size(shard_size), maxcount=10**9, verbose=0
     ) as sink:
         for i in range(len(samples)):
-            start, length = (int(v) for v in samples.samples[i])
-            tokens = samples.tokens.tokens(start, start + length).astype(dtype, copy=False)
+            k, start, length = samples.window(i)  # k: the source, in a mixed index
+            split_tokens = samples.token_splits[k]
+            tokens = split_tokens.tokens(start, start + length).astype(dtype, copy=False)
             sink.write(
                 {
                     "__key__": f"{i:09d}",
                     "tokens.bin": tokens.tobytes(),
-                    "docs.bin": _doc_pieces(start, length, offsets).tobytes(),
+                    "docs.bin": _doc_pieces(start, length, split_tokens.doc_offsets).tobytes(),
                 }
             )
             name = Path(sink.fname).name  # the shard this sample went to

@@ -135,3 +135,26 @@ def test_a_damaged_mixed_index_is_refused_with_one_line(mixed):
     _rewrite(folder, "train", index, order="sorted")
     with pytest.raises(CacheError, match=r"order 'sorted', expected one of \['shuffle', 'as-stored'\]"):
         PackedSamples(folder, "train")
+
+
+def test_a_mixed_index_exports_to_webdataset_sample_for_sample(mixed, tmp_path):
+    import tarfile
+
+    from moai.formats.webdataset import decode_sample, export_webdataset
+
+    folder, _ = mixed
+    samples = PackedSamples(folder, "train")
+    manifest = export_webdataset(folder, tmp_path / "wds", shard_size="8KB")
+    assert manifest["samples"] == len(samples) and len(manifest["shards"]) > 1
+    entries: dict[str, dict] = {}
+    for shard in manifest["shards"]:
+        with tarfile.open(tmp_path / "wds" / shard["name"]) as tar:
+            for member in tar.getmembers():
+                key, field = member.name.split(".", 1)
+                entries.setdefault(key, {"__key__": key})[field] = tar.extractfile(member).read()
+    assert len(entries) == len(samples)
+    for i in (0, 1, 2, len(samples) - 1):
+        got = decode_sample(entries[f"{i:09d}"], manifest["dtype"])
+        want = samples[i]
+        assert got["input_ids"].tolist() == want["input_ids"].tolist()
+        assert got["position_ids"].tolist() == want["position_ids"].tolist()
