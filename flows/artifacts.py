@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -120,6 +121,11 @@ def overview_rows(results: Mapping[str, StageResult], cache_dir: str | None = No
     ]
 
 
+def artifact_key(name: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) for a node name such as `tokenize[ko]`."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
 def markdown_table(rows: list[dict[str, str]]) -> str:
     if not rows:
         return ""
@@ -130,7 +136,7 @@ def markdown_table(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-DETAIL_HIDDEN = ("splits", "rows_in", "rows_out", "dropped", "seconds", "warnings")
+DETAIL_HIDDEN = ("splits", "rows_in", "rows_out", "dropped", "seconds", "warnings", "sources")
 
 
 def stage_detail(result: StageResult, config: PipelineConfig | None = None) -> str:
@@ -168,7 +174,29 @@ def overview_markdown(
         parts.append(stage_detail(r, config))
         if r.stage == "pack" and "splits" in r.report:
             parts.append(packing_markdown(r, heading="####"))
+        if r.stage == "mix" and "sources" in r.report:
+            parts.append(mix_markdown(r, heading="####"))
     return "\n\n".join(parts) + "\n"
+
+
+def mix_markdown(mix: StageResult, heading: str = "#") -> str:
+    """The mix stage's sources: weight, tokens available, target and realised tokens, samples, epochs."""
+    rows = [
+        {
+            "source": s["name"],
+            "weight": f"{s['weight']:g} ({100 * s['share']:.2f}%)",
+            "tokens available": number(s["tokens_available"]),
+            "target tokens": number(s["target_tokens"]),
+            "realised tokens": number(s["realised_tokens"]),
+            "realised share": f"{100 * s['realised_share']:.2f}%",
+            "samples": number(s["samples"]),
+            "epochs": f"{s['epochs']:g} (max {s['max_repetition']:g})",
+            "validation samples": number(s["validation_samples"]),
+        }
+        for s in mix.report["sources"]
+    ]
+    total = f"{number(mix.report['tokens'])} tokens, {number(mix.report['samples']['train'])} samples"
+    return f"{heading} Mix (train split)\n\n- budget: {total} ({mix.report['total_from']})\n\n{markdown_table(rows)}\n"
 
 
 def bar(count: int, most: int, width: int = 30) -> str:

@@ -60,7 +60,7 @@ def stage_task(
     config: PipelineConfig, name: str, inputs: Inputs, plan: Plan, options: dict[str, Any] | None = None
 ) -> StageResult:
     """Any stage of the graph: reuse its published output or build it (`pipeline.run_stage`)."""
-    progress = artifacts.Progress(f"{name}-progress", f"{name}: done (%)")
+    progress = artifacts.Progress(artifacts.artifact_key(f"{name}-progress"), f"{name}: done (%)")
     return pipeline.run_stage(config, name, inputs, plan=plan, progress=False, on_progress=progress, options=options)
 
 
@@ -72,11 +72,13 @@ def tokenize_shard_task(config: PipelineConfig, key: str, inputs: Inputs, index:
 
 
 @flow(name="tokenize-shards")
-def tokenize_shards(config: PipelineConfig, inputs: Inputs, num: int) -> list[dict]:
-    """The tokenize units mapped over the flow's task runner (Dask when configured)."""
-    key = pipeline.key_of(config, "tokenize", inputs)
+def tokenize_shards(config: PipelineConfig, name: str, inputs: Inputs, num: int) -> list[dict]:
+    """The tokenize units of node `name` (`tokenize`, or `tokenize[ko]` of one source) mapped over the
+    flow's task runner (Dask when configured)."""
+    key = pipeline.key_of(config, name, inputs)
+    cfg, stage_inputs = pipeline.stage_inputs(config, name, inputs)
     futures = tokenize_shard_task.map(
-        unmapped(config), unmapped(key), unmapped(inputs), list(range(num)), unmapped(num)
+        unmapped(cfg), unmapped(key), unmapped(stage_inputs), list(range(num)), unmapped(num)
     )
     return [f.result() for f in futures]
 
@@ -155,9 +157,9 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
     def run(name: str, inputs: Inputs) -> StageResult:
         fresh = not pipeline.is_published(config, name, inputs)
         options = None
-        if name == "tokenize" and fresh and config.runner.kind == "dask":
+        if pipeline.split_name(name)[0] == "tokenize" and fresh and config.runner.kind == "dask":
             num = config.runner.num_shards or 4 * dask_workers(config, plan)
-            units = tokenize_shards.with_options(task_runner=dask_runner(config, plan))(config, inputs, num)
+            units = tokenize_shards.with_options(task_runner=dask_runner(config, plan))(config, name, inputs, num)
             log.info(
                 "tokenize units: %d parts built, %d reused",
                 sum(u["built"] for u in units),

@@ -78,3 +78,28 @@ def test_a_stage_added_through_the_registry_shows_in_the_flow(
 def test_a_stage_name_is_registered_once(extra_stage):
     with pytest.raises(ValueError, match="'document-count' is registered already"):
         pipeline.register(pipeline.Stage.of(DOCUMENT_COUNT))
+
+
+@pytest.mark.slow
+def test_several_sources_show_a_task_per_source_in_the_flow(prefect_server, pretrain, tmp_path, tokenizer_dir):
+    from conftest import write_jsonl
+    from mixed_sources import source_texts
+
+    sources = [
+        {"name": n, "path": str(write_jsonl(tmp_path / f"{n}.jsonl", [{"text": t} for t in source_texts(n, 60)])),
+         "weight": w, "max_repetition": 3}
+        for n, w in (("ko", 0.7), ("en", 0.3))
+    ]  # fmt: skip
+    cfg = parse_config(
+        {"cache_dir": str(tmp_path / "cache"), "sources": sources, "tokenizer": {"path": str(tokenizer_dir)},
+         "pack": {"seq_len": 32}, "mix": {"total_tokens": 50 * 32}}
+    )  # fmt: skip
+    nodes = {f"{s}[{n}]" for s in ("convert", "filter", "save", "tokenize") for n in ("ko", "en")}
+    expected = nodes | {"tokenizer", "mix"}
+    first = pretrain(cfg, return_state=True)
+    assert first.is_completed(), first
+    assert set(task_states(first, expected).values()) >= {"Completed"}
+    assert first.result()["mix"]["sources"][0]["samples"] == 35
+    second = pretrain(cfg, return_state=True)
+    states = task_states(second, expected)
+    assert all(states[name] == "Cached" for name in expected), states

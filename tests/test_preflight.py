@@ -189,3 +189,21 @@ def test_pack_reports_an_empty_validation_split():
         empty_validation({"train": splits["train"], "validation": {"samples": 0, "documents": 0, "tokens": 0}}, 64)
         == []
     )
+
+
+def test_each_of_several_sources_is_checked_by_name(tmp_path, corpus):
+    data = {
+        "cache_dir": str(tmp_path / "cache"),
+        "sources": [
+            {"name": "ko", "path": str(corpus), "weight": 0.7},
+            {"name": "en", "path": str(tmp_path / "missing-*.jsonl"), "weight": 0.3},
+        ],
+        "tokenizer": {"train": {"vocab_size": 400}},
+    }
+    checks = {c.name: c for c in preflight.run(parse_config(data))}
+    assert checks["sources.ko"].status == "pass" and "1 file(s)" in checks["sources.ko"].detail
+    assert checks["sources.en"].status == "fail" and checks["sources.en"].detail.startswith("sources.en: ")
+    assert "missing-*.jsonl" in checks["sources.en"].detail
+    with pytest.raises(DataError, match=r"^sources\.en: "):
+        preflight.require(parse_config(data))
+    assert not (tmp_path / "cache").exists()

@@ -81,3 +81,27 @@ def test_packing_histogram_gives_empty_buckets_no_bar_and_small_ones_a_visible_o
 
 def test_markdown_table_escapes_pipes():
     assert artifacts.markdown_table([{"a": "x|y", "b": "1"}]) == "| a | b |\n|---|---|\n| x\\|y | 1 |"
+
+
+def test_the_mix_table_gives_each_source_its_target_and_realised_tokens(tmp_path, tokenizer_dir):
+    from conftest import write_jsonl
+    from mixed_sources import source_texts
+    from moai.pipeline import walk
+
+    sources = [
+        {"name": n, "path": str(write_jsonl(tmp_path / f"{n}.jsonl", [{"text": t} for t in source_texts(n, 100)])),
+         "weight": w, "max_repetition": 2}
+        for n, w in (("ko", 0.6), ("code", 0.3), ("en", 0.1))
+    ]  # fmt: skip
+    cfg = parse_config(
+        {"cache_dir": str(tmp_path / "cache"), "sources": sources, "tokenizer": {"path": str(tokenizer_dir)},
+         "pack": {"seq_len": 32}, "mix": {"total_tokens": 100 * 32}}
+    )  # fmt: skip
+    results = walk(cfg)
+    page = artifacts.overview_markdown(results, cfg)
+    assert "| convert[ko] | built |" in page and "#### Mix (train split)" in page
+    assert "- budget: 3,200 tokens, 100 samples (mix.total_tokens)" in page
+    table = page.split("#### Mix (train split)")[1]
+    assert "| ko | 0.6 (60.00%) |" in table and "| 1,920 | 1,920 | 60.00% | 60 |" in table
+    assert "| en | 0.1 (10.00%) |" in table and "| 320 | 320 | 10.00% | 10 |" in table
+    assert artifacts.artifact_key("tokenize[Ko_v2.1]-progress") == "tokenize-ko-v2-1-progress"  # Prefect's rule
