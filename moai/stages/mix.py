@@ -145,7 +145,11 @@ def refuse(
             fixes.append(f"weight ≤ {weight:g} for {name}")
         if windows[i] > 0:
             fixes.append(f"max_repetition ≥ {fitting_repetition(windows[i], counts[i]):g} for {name}")
-    fixes.append(f"mix.total_tokens ≤ {largest_budget(shares_, cap) * seq_len:,}")
+    empty = [j for j in over if cap[j] == 0]
+    if empty:  # a source without one full window: only budgets too small to give it a sample fit
+        fixes.append(f"lower pack.seq_len, add data to {names[empty[0]]!r} or remove it from sources")
+    else:
+        fixes.append(f"mix.total_tokens ≤ {largest_budget(shares_, cap) * seq_len:,}")
     also = f" ({', '.join(names[j] for j in over[1:])} short too)" if len(over) > 1 else ""
     raise DataError(
         f"mix: source {name!r} has {windows[i] * seq_len:,} tokens in {windows[i]:,} windows of {seq_len} and "

@@ -173,3 +173,8 @@ def test_passes_use_every_window_before_any_twice():
     assert len(set(chosen[20:].tolist())) == 5
     assert np.array_equal(chosen, mix.passes(10, 25, seed=0, name="ko"))
     assert not np.array_equal(chosen, mix.passes(10, 25, seed=1, name="ko"))
+
+
+def test_a_source_without_a_window_is_named_with_what_fits():
+    with pytest.raises(DataError, match=r"source 'en' has 0 tokens .* add data to 'en' or remove it from sources$"):
+        mix.refuse(["ko", "en"], [0.5, 0.5], [1, 1], [100, 0], mix.allot([Fraction(1, 2)] * 2, 50), 16)

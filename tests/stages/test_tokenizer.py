@@ -63,3 +63,13 @@ def test_the_reference_is_loaded_as_the_config_says(tmp_path, tokenizer_dir):
             config_dict(tmp_path, tmp_path / "c.jsonl", {"path": str(tokenizer_dir), "trust_remote_code": trust})
         )
         assert info_of(cfg, tokenizer_dir, "k").trust_remote_code is trust
+
+
+def test_a_mixed_tokenizer_sample_follows_the_weights_in_bytes():
+    from moai.stages.tokenizer import weighted_rows
+
+    sizes = {"ko": [10] * 100, "en": [20] * 10, "code": [5] * 1000}
+    take = weighted_rows(sizes, {"ko": 2, "en": 1, "code": 1}, None)
+    assert take == {"en": 10, "ko": 40, "code": 40}  # en's 200 bytes are the scarcest: ko 400, code 200
+    assert sum(weighted_rows(sizes, {"ko": 2, "en": 1, "code": 1}, 45).values()) <= 45
+    assert weighted_rows({"a": [5], "b": [1000]}, {"a": 1, "b": 1}, None) == {"a": 1, "b": 1}  # at least one each
