@@ -385,7 +385,7 @@ def launch_training(
     from moai import launch
     from moai.errors import DataError
     from moai.train.checkpoint import resume_plan
-    from moai.train.data import num_train_samples
+    from moai.train.data import num_train_samples, sample_order_identity
     from moai.train.resolved import DataPaths
 
     t = config.train
@@ -394,7 +394,12 @@ def launch_training(
     plan = plan or make_plan(detect(config.cache_dir, with_gpus=True), config, read_env())
     data = DataPaths.model_validate({k: prepared[k] for k in ("sample_index", "tokenizer", "token_store")})
     num_gpus = len(plan.hardware.gpus)
-    decided = resume_plan(config, num_gpus=num_gpus, num_samples=num_train_samples(data, config.pack.seq_len))
+    decided = resume_plan(
+        config,
+        num_gpus=num_gpus,
+        num_samples=num_train_samples(data, config.pack.seq_len),
+        sample_order=sample_order_identity(data.sample_index),
+    )
     log.info("train: %s", decided.detail)
     if decided.status == "finished":
         metrics = Path(t.output_dir) / "metrics.jsonl"
