@@ -57,6 +57,7 @@ class Facts:
     corpus_bytes: int | None = None  # local source files, summed
     num_files: int = 0
     local_files: dict[str, tuple[int, int]] = field(default_factory=dict)  # source setting → (files, bytes)
+    mix_budget: tuple[int | None, str] | None = None  # with sources: the mix's tokens and where they come from
     cache_dir: str = ""
     cache_write_error: str | None = None
     free_gb: float | None = None
@@ -85,6 +86,10 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
                 f.local_files[setting] = (len(files), sum(p.stat().st_size for p in files))
         except MoaiError as err:
             f.errors[setting] = err if setting == "source" else type(err)(f"{setting}: {err}")
+    if config.sources is not None:
+        from moai.stages.mix import budget
+
+        f.mix_budget = budget(config)
     if f.local_files:
         f.num_files = sum(n for n, _ in f.local_files.values())
         f.corpus_bytes = sum(b for _, b in f.local_files.values())
@@ -161,6 +166,10 @@ def evaluate(f: Facts) -> list[Check]:
     c = f.config
     out: list[Check] = []
     out.extend(_setting_check(f, setting, _source_detail(f, setting, src)) for setting, src in source_settings(c))
+    if f.mix_budget is not None:
+        total, why = f.mix_budget
+        detail = f"{total:,} tokens ({why})" if total is not None else why
+        out.append(Check("mix.total_tokens", "pass", detail + "; each source's share is checked when mix runs"))
     if "tokenizer.path" in f.resolved or "tokenizer.path" in f.errors:
         out.append(_setting_check(f, "tokenizer.path", f"{c.tokenizer.path} ({f.resolved.get('tokenizer.path')})"))
     if f.train_checked and c.train is not None:

@@ -204,6 +204,7 @@ def test_each_of_several_sources_is_checked_by_name(tmp_path, corpus):
     assert checks["sources.ko"].status == "pass" and "1 file(s)" in checks["sources.ko"].detail
     assert checks["sources.en"].status == "fail" and checks["sources.en"].detail.startswith("sources.en: ")
     assert "missing-*.jsonl" in checks["sources.en"].detail
+    assert "as many tokens as every source's max_repetition allows" in checks["mix.total_tokens"].detail
     with pytest.raises(DataError, match=r"^sources\.en: "):
         preflight.require(parse_config(data))
     assert not (tmp_path / "cache").exists()
