@@ -126,12 +126,8 @@ class BuildContext:
 
     def per_source(self, name: str) -> dict[str, Path]:
         """A combining stage's inputs of stage `name`, by source (`{"ko": <tokenize[ko] folder>, ...}`)."""
-        found = {}
-        for node, value in self.inputs.items():
-            base, source = split_name(node)
-            if base == name and source is not None:
-                found[source] = Path(value.path)
-        return found
+        named = {split_name(node): value for node, value in self.inputs.items()}
+        return {source: Path(v.path) for (base, source), v in named.items() if base == name and source is not None}
 
 
 # Roots: what keys start from. Each reads content (it may take a while on a large corpus).
@@ -207,19 +203,15 @@ def node(config: PipelineConfig, name: str) -> Node:
     raise KeyError(f"no stage {name!r} in this config's graph (stages: {[n.name for n in nodes(config)]})")
 
 
-def node_config(config: PipelineConfig, n: Node) -> PipelineConfig:
-    """The config a node's stage runs on: its source's own config, or the config as given."""
-    return config if n.source is None else source_config(config, n.source)
+def node_config(config: PipelineConfig, source: str | None) -> PipelineConfig:
+    """The config a node's stage (or a root) runs on: its source's own config, or the config as given."""
+    return config if source is None else source_config(config, source)
 
 
 def roots(config: PipelineConfig) -> dict[str, str]:
     """The fingerprints the enabled stages start from (`source[ko]` per source with several)."""
-    wanted = sorted({r for n in nodes(config) for r in n.reads if split_name(r)[0] in ROOTS})
-    out = {}
-    for r in wanted:
-        base, source = split_name(r)
-        out[r] = ROOTS[base](config if source is None else source_config(config, source))
-    return out
+    wanted = sorted({split_name(r) for n in nodes(config) for r in n.reads if split_name(r)[0] in ROOTS}, key=str)
+    return {node_name(base, x): ROOTS[base](node_config(config, x)) for base, x in wanted}
 
 
 def upstream(config: PipelineConfig, name: str, inputs: Inputs) -> list[str]:
@@ -231,7 +223,7 @@ def key_of(config: PipelineConfig, name: str, inputs: Inputs) -> str:
     """THE key of a stage's output: its name, VERSION, settings and the keys of what it reads."""
     n = node(config, name)
     return stage_key(
-        n.stage.name, n.stage.version, upstream(config, name, inputs), n.stage.settings(node_config(config, n))
+        n.stage.name, n.stage.version, upstream(config, name, inputs), n.stage.settings(node_config(config, n.source))
     )
 
 
@@ -241,7 +233,7 @@ def stage_inputs(config: PipelineConfig, name: str, inputs: Inputs) -> tuple[Pip
     n = node(config, name)
     if n.source is None:
         return config, inputs
-    return node_config(config, n), {split_name(r)[0]: inputs[r] for r in n.reads}
+    return node_config(config, n.source), {split_name(r)[0]: inputs[r] for r in n.reads}
 
 
 def run_stage(
