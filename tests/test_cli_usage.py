@@ -2,6 +2,7 @@
 per-stage summary, --no-progress, machine faults as one line, the README's config as shipped."""
 
 import errno
+import json
 import re
 import shutil
 import subprocess
@@ -173,3 +174,40 @@ def test_usage_mistakes_are_one_line(argv, says, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("moai: error: ") and says in err[0]
+
+
+def test_the_mix_example_names_files_that_exist():
+    from moai.config import load_config
+
+    config = load_config(ROOT / "examples" / "mix.yaml")
+    assert [s.name for s in config.sources or []] == ["ko", "code", "en"]
+    for s in config.sources or []:
+        assert s.path is not None and sorted(ROOT.glob(s.path)), s.name
+    assert config.tokenizer.path is not None and (ROOT / config.tokenizer.path / "tokenizer.json").is_file()
+    assert config.train is not None and isinstance(config.train.model, str) and (ROOT / config.train.model).is_file()
+
+
+@pytest.mark.slow
+def test_the_mix_example_prepares_with_a_line_per_source_stage_and_its_shares(tmp_path):
+    """examples/mix.yaml from a copy of the examples: a summary line per source's stage, then mix;
+    the last line's "mix" gives each source its exact share of the training's tokens."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    out = subprocess.run(
+        [PYTHON, "-m", "moai.cli", "prepare", "examples/mix.yaml", "--no-progress"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**subprocess_env(), "CUDA_VISIBLE_DEVICES": ""},  # the budget counts 1 process on CPU
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = [line.split()[1] for line in out.stderr.splitlines() if re.match(r"moai: \S+ +(built|reused) ", line)]
+    assert summary[:3] == ["convert[ko]", "convert[code]", "convert[en]"] and summary[-1] == "mix"
+    mixed = json.loads(out.stdout.splitlines()[-1])["mix"]
+    assert mixed["tokens"] == 30 * 8 * 128
+    assert [(s["name"], s["realised_tokens"]) for s in mixed["sources"]] == [
+        ("ko", 18432),
+        ("code", 9216),
+        ("en", 3072),
+    ]
+    assert mixed["sources"][0]["epochs"] > 2  # ko repeats, within its max_repetition of 4
