@@ -108,7 +108,11 @@ def post(api, path, body) -> list[dict]:
 
 def run_and_wait(env, api, params: dict) -> str:
     out = prefect(env, "deployment", "run", "pretrain/default", "--params", json.dumps(params))
-    run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
+    return wait_for(api, re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1))
+
+
+def wait_for(api, run_id: str) -> str:
+    """Wait for the flow run to end; it must have completed."""
     deadline = time.monotonic() + 420
     while True:
         state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
@@ -118,6 +122,28 @@ def run_and_wait(env, api, params: dict) -> str:
         time.sleep(1)
     assert state["type"] == "COMPLETED", state
     return run_id
+
+
+@pytest.fixture
+def worker(server, tmp_path):
+    """The `moai` process pool, the shipped deployment, and a worker; yields the deployment."""
+    env, api = server
+    prefect(env, "work-pool", "create", "moai", "--type", "process")
+    prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    with open(tmp_path / "worker.log", "w") as worker_log:
+        proc = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", "moai", "--limit", "1"],
+            env=env,
+            cwd=tmp_path,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            (dep,) = post(api, "/deployments/filter", {})
+            yield dep
+        finally:
+            _stop(proc)
 
 
 def task_states(api, run_id: str) -> dict[str, str]:
@@ -173,3 +199,34 @@ def test_deployment_run_on_a_real_server(server, tmp_path):
         finally:
             _stop(worker)
     assert worker.returncode is not None
+
+
+@pytest.mark.slow
+def test_run_form_submission_with_a_changed_model(server, worker, tmp_path):
+    """What the deployment's run form sends when a user changes train.model_config (seen in Chromium,
+    scripts/screenshots.py --only submit): the deployment's parameters with the edited dict, and the
+    sections the deployment leaves out filled from the parameter's default, nulls included. The
+    server takes it (its schema check is on), and the run trains the changed model."""
+    _, api = server
+    dep = httpx.get(f"{api}/deployments/{worker['id']}", timeout=30).json()
+    assert dep["enforce_parameter_schema"]
+    config = json.loads(json.dumps(dep["parameters"]["config"]))
+    for key, default in dep["parameter_openapi_schema"]["properties"]["config"]["default"].items():
+        config.setdefault(key, default)  # mix, save, tokenize, resources, runner, sources: None
+    assert config["tokenize"]["num_proc"] is None and config["sources"] is None
+    config["cache_dir"] = str(tmp_path / "cache")
+    config["train"].update({"output_dir": str(tmp_path / "run"), "max_steps": 6, "log_every": 2, "save_every": 6})
+    config["train"]["model_config"] = {**config["train"]["model_config"], "num_hidden_layers": 3}
+    config["train"]["mixed_precision"] = None  # an explicit null: still valid for the server's check
+    config["filter"]["max_chars"] = None
+
+    r = httpx.post(
+        f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": {"config": config}}, timeout=30
+    )
+    assert r.status_code == 201, r.text
+    run_id = r.json()["id"]
+    wait_for(api, run_id)
+    sent = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["parameters"]["config"]
+    assert sent["train"]["model_config"]["num_hidden_layers"] == 3
+    trained = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
+    assert trained["num_hidden_layers"] == 3 and trained["hidden_size"] == 64
