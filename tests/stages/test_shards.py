@@ -76,4 +76,5 @@ def test_shard_index_is_checked(tmp_path, corpus, tokenizer_dir):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)})))
     out = moai("tokenize-shard", str(cfg), "--shard-index", "3", "--num-shards", "3", cwd=tmp_path)
-    assert out.returncode == 2 and "--shard-index 3 must be in [0, 3)" in out.stderr
+    assert out.returncode == 2 and "--shard-index 3 is out of range for --num-shards 3: use 0 to 2" in out.stderr
+    assert not (tmp_path / "cache").exists()  # checked before any stage ran
