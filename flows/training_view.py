@@ -91,7 +91,7 @@ def training_markdown(
     finished-before (already at max_steps, not relaunched)."""
     step_rec, eval_rec = latest(records, "loss"), latest(records, "eval_loss")
     end = latest(records, "final_model")
-    step = step_rec.get("step", 0)
+    step, mfu = step_rec.get("step", 0), step_rec.get("mfu")
     head = {
         "starting": "accelerate is starting the training processes (importing torch, building the model, "
         "opening the data); the first step follows.",
@@ -113,7 +113,7 @@ def training_markdown(
             else "—",
         ),
         ("tokens/s", number(step_rec.get("tokens_per_s"))),
-        ("MFU", percent(step_rec.get("mfu"))),
+        ("MFU", "— (no peak FLOPs known for this device)" if step_rec and mfu is None else percent(mfu)),
         ("grad norm", number(step_rec.get("grad_norm"))),
         ("lr", f"{step_rec['lr']:.2e}" if isinstance(step_rec.get("lr"), (int, float)) else "—"),
         ("tokens seen", number(step_rec.get("tokens"))),
@@ -160,21 +160,29 @@ class TrainingView:
         self.start_step = 0
         self.resumed_at: int | None = None
         self.lines = 0
+        self.stepped = False  # a step of this launch has been drawn on the card
         self.last_card = self.last_progress = -1e18
         # Nothing is shown before the launch's first line: a finished run is never launched.
 
     def metrics_records(self) -> list[dict[str, Any]]:
         return charts.read_metrics(Path(self.output_dir) / "metrics.jsonl")
 
-    def refresh(self, status: str, records: list[dict[str, Any]] | None = None) -> None:
+    def refresh(
+        self, status: str, records: list[dict[str, Any]] | None = None, pending: dict[str, Any] | None = None
+    ) -> None:
+        """Redraw the card. `pending`: the record just read from the launch's stdout, which a rank
+        prints before it appends it to metrics.jsonl, so the file may not hold it yet."""
         records = self.metrics_records() if records is None else records
+        if pending is not None and pending not in records[-5:]:
+            records.append(pending)
         step = latest(records, "loss").get("step", 0)
         now = self.clock()
         elapsed = now - self.launched
         eta = None
         if self.started is not None and step > self.start_step:
             eta = (now - self.started) / (step - self.start_step) * max(0, self.max_steps - step)
-        chart = chart_markdown(records, self.output_dir, self.max_steps, self.resumed_at) if records else None
+        drawn = any("loss" in r or "eval_loss" in r for r in records)  # no empty axes before the first step
+        chart = chart_markdown(records, self.output_dir, self.max_steps, self.resumed_at) if drawn else None
         self.card(
             training_markdown(
                 records,
@@ -219,8 +227,10 @@ class TrainingView:
             frac = STARTUP_SHARE + (1 - STARTUP_SHARE) * record["step"] / self.max_steps
             self.progress(frac, f"training: step {record['step']:,} of {self.max_steps:,}")
             self.last_progress = now
-        if "eval_loss" in record or now - self.last_card >= REFRESH_S:
-            self.refresh("running")
+        first = "loss" in record and not self.stepped  # the card leaves "starting" at the first step
+        if first or "eval_loss" in record or now - self.last_card >= REFRESH_S:
+            self.refresh("running", pending=record)
+        self.stepped = self.stepped or "loss" in record
 
     def finish(self, last: dict[str, Any]) -> None:
         """After the launch (or instead of it, when the run had finished before)."""

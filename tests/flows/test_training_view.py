@@ -74,6 +74,20 @@ def test_thin_ema_and_reading_metrics(tmp_path):
     assert charts.read_metrics(f) == [{"step": 1, "loss": 2.0}] and charts.read_metrics(tmp_path / "none") == []
 
 
+def test_smoothed_loss_of_a_short_noisy_run_shows_its_trend():
+    """150 logged steps (1,500 steps, log_every 10) of a plateau with noise: the smoothed curve
+    moves under a fifth as much from point to point as the raw loss (a span of 4 points: a third)."""
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    points = [(10 * i, 2.6 + rng.uniform(-0.4, 0.4)) for i in range(1, 151)]
+    jumps = lambda vs: sum(abs(a - b) for a, b in itertools.pairwise(vs)) / (len(vs) - 1)  # noqa: E731
+    raw, smooth = [v for _, v in points], [v for _, v in charts.smoothed(points)]
+    assert jumps(smooth) < jumps(raw) / 5, (jumps(smooth), jumps(raw))
+    assert abs(sum(smooth[20:]) / len(smooth[20:]) - 2.6) < 0.05  # no drift from the level
+
+
 def _anyof_string_and_object(node, path="") -> list[str]:
     found = []
     if isinstance(node, dict):
@@ -147,3 +161,37 @@ def test_run_form_schema_has_no_null_branch_for_an_optional_setting(pretrain):
     assert PipelineConfig.model_validate(dumped) == tiny()
     # and so is it for Prefect's server-side check of a deployment's parameters
     assert validate({"config": dumped}, schema, raise_on_error=False, ignore_required=True) == []
+
+
+def test_the_card_leaves_starting_at_the_first_step(tmp_path):
+    """The card is drawn at the launch's first line (starting, no chart), then at the first step at
+    once, not REFRESH_S later (a screenshot 15 s into training still said 'starting'), then every
+    REFRESH_S and at each eval; each time with the record that triggered it, which a rank prints
+    before metrics.jsonl holds it (a card said 'step 0', 'no loss logged yet', at the first step)."""
+    now = [0.0]
+    view = training_view.TrainingView(str(tmp_path), 100, log=lambda line: None, clock=lambda: now[0])
+    cards: list[str] = []
+    view.card = cards.append  # type: ignore[assignment]
+    view.progress = lambda fraction, description=None: None  # type: ignore[assignment]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("")
+
+    def record(r: dict) -> None:  # a rank prints the record, then appends it to metrics.jsonl
+        view.on_metrics(r)
+        with open(metrics, "a") as f:
+            f.write(json.dumps(r) + "\n")
+
+    view.on_line("Loading the model")
+    assert len(cards) == 1 and "accelerate is starting" in cards[0] and "data:image" not in cards[0]
+    now[0] = 10.0
+    record({"event": "start", "step": 0, "resumed": False})
+    now[0] = 12.0
+    record({"step": 10, "loss": 5.0, "lr": 1e-3, "tokens_per_s": 100.0})
+    assert len(cards) == 2 and "**Training**: step 10 of 100." in cards[1] and "| loss | 5 |" in cards[1]
+    assert "| MFU | — (no peak FLOPs known for this device) |" in cards[1]  # a CPU run: not a missing figure
+    assert "data:image/svg+xml;base64," in cards[1] and "steps 10–10" in cards[1]
+    now[0] = 14.0
+    record({"step": 20, "loss": 4.0, "lr": 1e-3, "tokens_per_s": 100.0})
+    assert len(cards) == 2  # not before REFRESH_S or an eval
+    record({"step": 20, "eval_loss": 4.1, "eval_ppl": 60.3})
+    assert len(cards) == 3 and "4.1 / 60.3 (step 20)" in cards[2]
