@@ -169,6 +169,9 @@ def overview_markdown(
         head += f"\n\nOutputs are folders under the cache `{cache_dir}`."
     if plan is not None:
         head += f"\n\nOn {hardware_text(plan)}."
+    if config is not None and (config.train is None or not config.train.enabled):
+        why = "no train section" if config.train is None else "train.enabled is false"
+        head += f"\n\nNo training in this run ({why}): the data is prepared, nothing is trained."
     parts = [head, markdown_table(overview_rows(results, cache_dir)), "## Stage detail"]
     for r in results.values():
         parts.append(stage_detail(r, config))

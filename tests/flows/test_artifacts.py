@@ -53,6 +53,16 @@ def test_overview_markdown_has_the_table_then_each_stage_and_hints_at_a_small_vo
     assert "reused from the cache: `/c/filter/k2`" in md and "built in this run: `/c/convert/k1`" in md
 
 
+def test_overview_of_a_data_only_run_says_nothing_is_trained():
+    from moai.presets import tiny
+
+    cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"train": {"vocab_size": 2048}}})
+    assert "No training in this run (no train section)" in artifacts.overview_markdown(_results(), cfg)
+    off = tiny().model_copy(update={"train": tiny().train.model_copy(update={"enabled": False})})
+    assert "No training in this run (train.enabled is false)" in artifacts.overview_markdown(_results(), off)
+    assert "No training" not in artifacts.overview_markdown(_results(), tiny())
+
+
 def test_packing_histogram_gives_empty_buckets_no_bar_and_small_ones_a_visible_one():
     hist = [
         {"from": 1, "to": 64, "documents": 3000},
