@@ -46,7 +46,7 @@ def _plan_cmd(args: argparse.Namespace) -> int:
     hw = detect(config.cache_dir)
     p = plan(hw, config, read_env())
     print("# resolved config")
-    print(json.dumps(config.model_dump(mode="json"), indent=2))
+    print(json.dumps(config.model_dump(mode="json", by_alias=True), indent=2))
     print("# hardware")
     print(json.dumps(p.to_dict()["hardware"], indent=2))
     print("# plan")
@@ -86,7 +86,7 @@ def _prepare_cmd(args: argparse.Namespace) -> int:
     from moai.preflight import require
 
     config = resolve_config(args.config)
-    require(config, train=False)
+    require(config, resume=False)  # the model is checked against the data settings; output_dir is not
     result = prepare(config, progress=not args.no_progress)
     _print_stages(result)
     print(json.dumps(result))
@@ -297,9 +297,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _add_parser(sub, name: str, **kwargs) -> argparse.ArgumentParser:
     """A subcommand with its examples under its --help."""
-    return sub.add_parser(
-        name, epilog=EXAMPLES.get(name), formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
-    )
+    p = sub.add_parser(name, epilog=EXAMPLES.get(name), formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+    # -v after the command too (`moai prepare my.yaml -v`); SUPPRESS keeps a -v given before it
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+    return p
 
 
 class Interrupted(BaseException):

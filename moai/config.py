@@ -294,12 +294,38 @@ class PipelineConfig(_Model):
         return self
 
 
+def _keys_at(loc: tuple) -> list[str]:
+    """The keys the config accepts beside the last part of `loc` (a validation error's location)."""
+    import typing
+
+    model: Any = PipelineConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an item of a list: the list's model is found from its field
+        field = model.model_fields.get(part) or next((f for f in model.model_fields.values() if f.alias == part), None)
+        if field is None:
+            return []
+        found = [
+            a
+            for t in (field.annotation, *typing.get_args(field.annotation))
+            for a in (t, *typing.get_args(t))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
+        if not found:
+            return []
+        model = found[0]
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
 def _describe(err: ValidationError) -> str:
+    import difflib
+
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key")
+            close = difflib.get_close_matches(str(e["loc"][-1]), _keys_at(tuple(e["loc"])), n=1, cutoff=0.6)
+            lines.append(f"{where}: unknown key" + (f" (did you mean {close[0]}?)" if close else ""))
         else:
             lines.append(f"{where}: {e['msg']}")
     return "; ".join(lines)

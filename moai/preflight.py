@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from moai.config import PipelineConfig, SourceConfig
-from moai.errors import ConfigError, MoaiError
+from moai.errors import ConfigError, DataError, MoaiError
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Facts:
     resume: Check | None = None
 
 
-def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True) -> Facts:
+def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True, resume: bool = True) -> Facts:
     """Read the facts (paths, hub names, cache_dir, free space, the model config); `tokenizer=False`
     leaves tokenizer.path to a caller that loads it anyway (`moai doctor`), `train=False` leaves
     the train section out (`moai prepare` does not train)."""
@@ -104,7 +104,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
             f.model_setting, f.model_config = model_config_dict(t)
         except MoaiError as err:
             f.errors["train.init_from" if t.mode == "continue" else "train.model_config"] = err
-        f.resume = _resume_check(config)
+        f.resume = _resume_check(config) if resume else None
     f.cache_write_error = _write_probe(Path(f.cache_dir))
     f.free_gb = detect(f.cache_dir, with_gpus=False).disk_free_gb
     convert_dir = Path(f.cache_dir) / "convert"
@@ -185,6 +185,11 @@ def evaluate(f: Facts) -> list[Check]:
 
 def _setting_check(f: Facts, name: str, detail: str) -> Check:
     err = f.errors.get(name)
+    if err is None and f.local_files.get(name, (0, 1))[1] == 0:
+        # Decided from the file sizes: convert would only find out after reading, and say the same.
+        num_files, path = f.local_files[name][0], dict(source_settings(f.config))[name].path
+        what = "is empty (0 bytes)" if num_files == 1 else f"matches {num_files} files, all empty (0 bytes)"
+        err = DataError(f"{name}.path {path} {what}: there is nothing to convert; check {name}.path")
     if err is not None:
         return Check(name, "fail", str(err), error=err)
     return Check(name, "pass", detail)
@@ -249,7 +254,7 @@ def _seq_len_checks(f: Facts) -> list[Check]:
         else:
             out.append(Check("pack.seq_len", "pass", f"{seq_len} ≤ max_position_embeddings {mpe}"))
     estimate = validation_estimate(f.corpus_bytes, c.split.val_fraction, seq_len)
-    if c.pack.enabled and estimate is not None:
+    if c.pack.enabled and estimate is not None and f.corpus_bytes:
         tokens, samples = estimate
         if samples < 1:
             out.append(
@@ -280,17 +285,19 @@ def _gb(num_bytes: int) -> str:
     return f"{num_bytes / 1e6:.1f} MB" if num_bytes < 1e9 else f"{num_bytes / 1e9:.2f} GB"
 
 
-def run(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True) -> list[Check]:
-    return evaluate(gather(config, tokenizer=tokenizer, train=train))
+def run(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True, resume: bool = True) -> list[Check]:
+    return evaluate(gather(config, tokenizer=tokenizer, train=train, resume=resume))
 
 
-def require(config: PipelineConfig, *, train: bool = True) -> list[Check]:
-    """The checks, before any stage runs: warnings logged, the first failure raised as its error."""
-    checks = run(config, train=train)
+def require(config: PipelineConfig, *, train: bool = True, resume: bool = True) -> list[Check]:
+    """The checks, before any stage runs: warnings logged, the first failure raised as its error.
+    `resume=False` (`moai prepare`): the model config is checked against the data settings, but
+    train.output_dir is not: preparing data does not train."""
+    checks = run(config, train=train, resume=resume)
+    first_failure(checks)  # before the warnings: a mistake is the one line a user reads
     for c in checks:
         if c.status == "warn":
             log.warning("%s: %s%s", c.name, c.detail, f"; {c.fix}" if c.fix else "")
-    first_failure(checks)
     return checks
 
 

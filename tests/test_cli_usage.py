@@ -211,3 +211,36 @@ def test_the_mix_example_prepares_with_a_line_per_source_stage_and_its_shares(tm
         ("en", 3072),
     ]
     assert mixed["sources"][0]["epochs"] > 2  # ko repeats, within its max_repetition of 4
+
+
+def test_a_typo_d_key_names_the_key_it_meant():
+    from moai.config import ConfigError, parse_config
+
+    data = {"source": {"path": "x", "text_feild": "t"}, "tokenizer": {"path": "t"}, "train": {"max_step": 3}}
+    with pytest.raises(ConfigError) as err:
+        parse_config({**data, "train": {"model_config": {"model_type": "llama"}, "max_step": 3}}, "c.yaml")
+    assert "train.max_step: unknown key (did you mean max_steps?)" in str(err.value)
+    assert "source.text_feild: unknown key (did you mean text_field?)" in str(err.value)
+
+
+def test_verbose_after_the_command(tmp_path, corpus, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config_dict(tmp_path, corpus, {"train": {"vocab_size": 400}})))
+    assert main(["plan", str(cfg), "-v"]) == 0
+
+
+def test_prepare_checks_seq_len_against_the_model_in_one_line(tmp_path, corpus, capsys):
+    model = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2, "max_position_embeddings": 32}
+    data = config_dict(tmp_path, corpus, {"train": {"vocab_size": 400}}, train={"model_config": model})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))  # pack.seq_len 64 > 32; val_fraction would also warn
+    assert main(["prepare", str(cfg), "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [err[0]] and err[0].startswith("moai: error: pack.seq_len 64 is above the model's")
+    assert not (tmp_path / "cache" / "convert").exists()
+
+
+def test_readme_mix_block_is_the_shipped_example():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Mixing sources.*?```yaml\n(.*?)```", readme, flags=re.S)
+    assert block and block.group(1) == (ROOT / "examples" / "mix.yaml").read_text()

@@ -501,8 +501,10 @@ def test_the_cli_says_an_empty_source_in_one_line(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(config_dict(tmp_path, f, {"train": {"vocab_size": 300}})))
     assert cli.main(["prepare", str(cfg), "--no-progress"]) == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("moai: error:")]
-    assert errors == [f"moai: error: convert: {f} gave 0 documents (the file is empty); check source.path"]
+    # decided from the file size before any stage runs (preflight), the one line on stderr
+    assert capsys.readouterr().err.splitlines() == [
+        f"moai: error: source.path {f} is empty (0 bytes): there is nothing to convert; check source.path"
+    ]
 
 
 def test_a_lone_surrogate_is_a_bad_row(tmp_path):

@@ -108,7 +108,7 @@ def _json_lines(f: BinaryIO, path: Path, rows: Rows) -> Iterator[tuple[str, dict
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
-            rows.bad("bad_json", where, f"malformed JSON: {err.msg} at column {err.colno}")
+            rows.bad("bad_json", where, f"malformed JSON: {err.msg.removesuffix(' at')} at column {err.colno}")
             continue
         if not isinstance(obj, dict):
             rows.bad("not_an_object", where, f"expected a JSON object, got {type(obj).__name__}")
@@ -126,7 +126,9 @@ def _json_file(f: io.BufferedReader[HashingReader], path: Path, rows: Rows) -> I
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: invalid UTF-8 at byte {err.start}") from None
     except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{err.lineno}: malformed JSON: {err.msg} at column {err.colno}") from None
+        raise DataError(
+            f"{path}:{err.lineno}: malformed JSON: {err.msg.removesuffix(' at')} at column {err.colno}"
+        ) from None
     for i, obj in enumerate(items):
         rows.rows_in += 1
         where = f"{path}[{i}]"
