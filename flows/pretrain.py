@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,5 +186,8 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    # Without PREFECT_API_URL, Prefect starts a temporary server for this run; offline, its telemetry
+    # logs an error on every run. A user who wants it on sets the variable.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     cfg = resolve_config(sys.argv[1]) if len(sys.argv) > 1 else tiny()
     print(json.dumps(pretrain(cfg)))

@@ -37,7 +37,7 @@ def test_shipped_deployment_parameters_are_the_tiny_preset():
     expected = tiny().model_copy(
         update={
             "source": tiny().source.model_copy(update={"path": "moai/assets/tiny.jsonl"}),
-            "train": tiny().train.model_copy(update={"output_dir": ".moai/runs/tiny"}),
+            "train": tiny().train.model_copy(update={"output_dir": ".moai/runs/deployed"}),
         }
     )
     assert shipped == expected
