@@ -152,7 +152,7 @@ def refuse(
         fixes.append(f"mix.total_tokens ≤ {largest_budget(shares_, cap) * seq_len:,}")
     also = f" ({', '.join(names[j] for j in over[1:])} short too)" if len(over) > 1 else ""
     raise DataError(
-        f"mix: source {name!r} has {windows[i] * seq_len:,} tokens in {windows[i]:,} windows of {seq_len} and "
+        f"mix: source {name!r} has {windows[i]:,} full windows of {seq_len} tokens ({windows[i] * seq_len:,}) and "
         f"max_repetition {max_repetition[i]:g}, but its share of {total * seq_len:,} tokens needs "
         f"{counts[i] * seq_len:,}{also}; set " + ", or ".join(fixes)
     )

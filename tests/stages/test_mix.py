@@ -99,7 +99,7 @@ def test_three_sources_at_their_shares_capped_and_interleaved(tmp_path, files, t
 
 def test_an_infeasible_mix_is_refused_naming_the_source_and_each_fix_fits(tmp_path, files, tokenizer_dir):
     budget = {"total_tokens": 1000 * SEQ_LEN}  # ko (440 windows), never repeated, cannot give 600
-    with pytest.raises(DataError, match=r"source 'ko' has [\d,]+ tokens .* needs 9,600") as err:
+    with pytest.raises(DataError, match=r"source 'ko' has [\d,]+ full windows of 16 tokens .* needs 9,600") as err:
         prepare(parse_config(mix_config(tmp_path, files, tokenizer_dir, reps={}, mix=budget)), progress=False)
     message = str(err.value)
     assert "\n" not in message
@@ -176,5 +176,7 @@ def test_passes_use_every_window_before_any_twice():
 
 
 def test_a_source_without_a_window_is_named_with_what_fits():
-    with pytest.raises(DataError, match=r"source 'en' has 0 tokens .* add data to 'en' or remove it from sources$"):
+    with pytest.raises(
+        DataError, match=r"source 'en' has 0 full windows .* add data to 'en' or remove it from sources$"
+    ):
         mix.refuse(["ko", "en"], [0.5, 0.5], [1, 1], [100, 0], mix.allot([Fraction(1, 2)] * 2, 50), 16)
