@@ -109,11 +109,11 @@ def overview_rows(results: Mapping[str, StageResult], cache_dir: str | None = No
     return [
         {
             "stage": name,
-            "built or reused": "built" if r.built else "reused",
+            "status": "built" if r.built else "reused",
             "rows in → out": _rows_text(r.report),
-            "dropped, by reason": value(r.report["dropped"]) if "dropped" in r.report else "—",
+            "dropped": value(r.report["dropped"]) if "dropped" in r.report else "—",
             "tokens": number(r.report.get("tokens")),
-            "seconds": number(r.report.get("seconds")) if r.built else "— (reused)",
+            "seconds": number(r.report.get("seconds")) if r.built else "—",
             "throughput": _throughput(r.report) if r.built else "—",
             "output": where(r.path),
         }

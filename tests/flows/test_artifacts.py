@@ -35,9 +35,9 @@ def test_overview_rows_are_in_pipeline_order_and_say_built_or_reused():
     rows = artifacts.overview_rows(_results())
     assert [r["stage"] for r in rows] == ["convert", "filter", "tokenizer", "tokenize"]
     convert, filt, tokenizer, tokenize = rows
-    assert convert["built or reused"] == "built" and filt["built or reused"] == "reused"
-    assert filt["rows in → out"] == "3,000 → 2,994" and filt["dropped, by reason"] == "empty 6"
-    assert filt["seconds"] == "— (reused)" and filt["throughput"] == "—"
+    assert convert["status"] == "built" and filt["status"] == "reused"
+    assert filt["rows in → out"] == "3,000 → 2,994" and filt["dropped"] == "empty 6"
+    assert filt["seconds"] == "—" and filt["throughput"] == "—"
     assert convert["throughput"] == "468.8 rows/s" and tokenize["throughput"] == "132,491 tokens/s"
     assert tokenize["tokens"] == "161,699" and tokenizer["rows in → out"] == "2,844"
     assert convert["output"] == "/c/convert/k1"  # the path as text: no file:// link
@@ -47,7 +47,7 @@ def test_overview_markdown_has_the_table_then_each_stage_and_hints_at_a_small_vo
     cfg = parse_config({"source": {"path": "x"}, "tokenizer": {"train": {"vocab_size": 2048}}})
     md = artifacts.overview_markdown(_results(), cfg)
     assert md.startswith("# Data stages: 3 built, 1 reused")
-    assert "| stage | built or reused | rows in → out |" in md and "file://" not in md
+    assert "| stage | status | rows in → out |" in md and "file://" not in md
     assert md.index("### convert") < md.index("### filter") < md.index("### tokenizer")
     assert "vocab size: 776 (2,048 asked" in md
     assert "reused from the cache: `/c/filter/k2`" in md and "built in this run: `/c/convert/k1`" in md
