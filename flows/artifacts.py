@@ -86,24 +86,32 @@ def _rows_text(report: dict[str, Any]) -> str:
     return number(report.get("documents")) if "documents" in report else "—"
 
 
+def _compact(x: float) -> str:
+    """3,272 → 3.3k, 275,648 → 276k, 1,497,000 → 1.5M: a rate read at a glance, in a narrow column."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.{1 if x < 10 * scale else 0}f}{unit}"
+    return f"{x:.0f}"
+
+
 def _throughput(report: dict[str, Any]) -> str:
     seconds = report.get("seconds")
     if "tokens_per_s" in report:
-        return f"{number(report['tokens_per_s'])} tokens/s"
+        return f"{_compact(report['tokens_per_s'])} tokens/s"
     rows = report.get("rows_in", report.get("documents"))
     if isinstance(rows, int) and isinstance(seconds, (int, float)) and seconds > 0:
-        return f"{number(rows / seconds)} rows/s"
+        return f"{_compact(rows / seconds)} rows/s"
     return "—"
 
 
 def overview_rows(results: Mapping[str, StageResult], cache_dir: str | None = None) -> list[dict[str, str]]:
     """One row per stage, in pipeline order (the order of `results`): what a reader scans first.
-    Outputs under `cache_dir` are shown relative to it (the overview names the cache once)."""
+    Outputs under `cache_dir` are shown by their key (the overview names the cache and the layout once)."""
 
     def where(path: str) -> str:
         if cache_dir is not None:
             with contextlib.suppress(ValueError):
-                return str(Path(path).relative_to(Path(cache_dir).resolve()))
+                return Path(path).relative_to(Path(cache_dir).resolve()).name  # the key: <cache>/<stage>/<key>
         return path
 
     return [
@@ -166,7 +174,7 @@ def overview_markdown(
     head = f"# Data stages: {built} built, {len(results) - built} reused"
     cache_dir = str(Path(config.cache_dir).resolve()) if config is not None else None
     if cache_dir is not None:
-        head += f"\n\nOutputs are folders under the cache `{cache_dir}`."
+        head += f"\n\nOutputs are folders `<stage>/<key>` under the cache `{cache_dir}` (output: the key)."
     if plan is not None:
         head += f"\n\nOn {hardware_text(plan)}."
     if config is not None and (config.train is None or not config.train.enabled):

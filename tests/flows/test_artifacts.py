@@ -38,7 +38,7 @@ def test_overview_rows_are_in_pipeline_order_and_say_built_or_reused():
     assert convert["status"] == "built" and filt["status"] == "reused"
     assert filt["rows in → out"] == "3,000 → 2,994" and filt["dropped"] == "empty 6"
     assert filt["seconds"] == "—" and filt["throughput"] == "—"
-    assert convert["throughput"] == "468.8 rows/s" and tokenize["throughput"] == "132,491 tokens/s"
+    assert convert["throughput"] == "469 rows/s" and tokenize["throughput"] == "132k tokens/s"
     assert tokenize["tokens"] == "161,699" and tokenizer["rows in → out"] == "2,844"
     assert convert["output"] == "/c/convert/k1"  # the path as text: no file:// link
 
