@@ -144,6 +144,7 @@ def worker(server, tmp_path):
             yield dep
         finally:
             _stop(proc)
+    assert proc.returncode is not None
 
 
 def task_states(api, run_id: str) -> dict[str, str]:
@@ -152,53 +153,38 @@ def task_states(api, run_id: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_deployment_run_on_a_real_server(server, tmp_path):
+def test_deployment_run_on_a_real_server(server, worker, tmp_path):
     env, api = server
-    prefect(env, "work-pool", "create", "moai", "--type", "process")
-    prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
-    with open(tmp_path / "worker.log", "w") as worker_log:
-        worker = subprocess.Popen(
-            [PREFECT, "worker", "start", "--pool", "moai", "--limit", "1"],
-            env=env,
-            cwd=tmp_path,
-            stdout=worker_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            config = tiny(cache_dir=str(tmp_path / "cache")).model_dump(mode="json", by_alias=True)
-            config["train"].update({"max_steps": 10, "log_every": 2, "save_every": 10})
-            first = run_and_wait(env, api, {"config": config})
-            states = task_states(api, first)
-            assert all(states.get(s) == "Completed" for s in [*DATA_STAGES, "train"]), states
+    config = tiny(cache_dir=str(tmp_path / "cache")).model_dump(mode="json", by_alias=True)
+    config["train"].update({"max_steps": 10, "log_every": 2, "save_every": 10})
+    first = run_and_wait(env, api, {"config": config})
+    states = task_states(api, first)
+    assert all(states.get(s) == "Completed" for s in [*DATA_STAGES, "train"]), states
 
-            artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [first]}}})
-            keys = {a["key"] for a in artifacts if a.get("key")}
-            types = {a["type"] for a in artifacts}
-            assert {"hardware-plan", "overview", "training", "train-progress", "tokenize-progress"} <= keys, keys
-            assert not any(k.endswith("-output") for k in keys)  # paths are text, not file:// links
-            assert {"table", "markdown", "progress"} <= types
-            markdown = {a["key"]: a["data"] for a in artifacts if a["type"] == "markdown"}
-            assert "data:image/svg+xml;base64," in markdown["training"]
-            progress = {a["key"]: a["data"] for a in artifacts if a["type"] == "progress"}
-            assert progress["train-progress"] == 100.0 and progress["tokenize-progress"] == 100.0
+    artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [first]}}})
+    keys = {a["key"] for a in artifacts if a.get("key")}
+    types = {a["type"] for a in artifacts}
+    assert {"hardware-plan", "overview", "training", "train-progress", "tokenize-progress"} <= keys, keys
+    assert not any(k.endswith("-output") for k in keys)  # paths are text, not file:// links
+    assert {"table", "markdown", "progress"} <= types
+    markdown = {a["key"]: a["data"] for a in artifacts if a["type"] == "markdown"}
+    assert "data:image/svg+xml;base64," in markdown["training"]
+    progress = {a["key"]: a["data"] for a in artifacts if a["type"] == "progress"}
+    assert progress["train-progress"] == 100.0 and progress["tokenize-progress"] == 100.0
 
-            logs = post(api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [first]}}, "limit": 200})
-            assert any(line["name"].startswith("moai") for line in logs), {line["name"] for line in logs}
-            messages = [line["message"] for line in logs]
-            assert any(m.startswith("step 10 of 10: loss ") for m in messages)  # one readable line per log step
-            assert not any(m.startswith("{") or not m.strip() for m in messages)  # no JSON, no blank lines
+    logs = post(api, "/logs/filter", {"logs": {"flow_run_id": {"any_": [first]}}, "limit": 200})
+    assert any(line["name"].startswith("moai") for line in logs), {line["name"] for line in logs}
+    messages = [line["message"] for line in logs]
+    assert any(m.startswith("step 10 of 10: loss ") for m in messages)  # one readable line per log step
+    assert not any(m.startswith("{") or not m.strip() for m in messages)  # no JSON, no blank lines
 
-            second = run_and_wait(env, api, {"config": config})
-            states = task_states(api, second)
-            assert all(states.get(s) == "Cached" for s in DATA_STAGES), states
-            artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [second]}}})
-            markdown = {a["key"]: a["data"] for a in artifacts if a["type"] == "markdown"}
-            assert markdown["overview"].startswith("# Data stages: 0 built, 6 reused")
-            assert "not launched again" in markdown["training"]
-        finally:
-            _stop(worker)
-    assert worker.returncode is not None
+    second = run_and_wait(env, api, {"config": config})
+    states = task_states(api, second)
+    assert all(states.get(s) == "Cached" for s in DATA_STAGES), states
+    artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [second]}}})
+    markdown = {a["key"]: a["data"] for a in artifacts if a["type"] == "markdown"}
+    assert markdown["overview"].startswith("# Data stages: 0 built, 6 reused")
+    assert "not launched again" in markdown["training"]
 
 
 @pytest.mark.slow
