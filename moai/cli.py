@@ -121,7 +121,7 @@ def _train_cmd(args: argparse.Namespace) -> int:
     if decided.status == "finished":
         print(f"moai: {decided.detail}", file=sys.stderr)
         return 0
-    require(config)
+    require(config, resume=False)  # output_dir was just decided, with the GPUs known
     prepared = prepare(config, progress=not args.no_progress)
     _print_stages(prepared)
 
