@@ -171,7 +171,12 @@ class TokenizeConfig(_Model):
 class PackConfig(_Model):
     enabled: bool = True
     seq_len: int = Field(2048, ge=2)
-    mode: Literal["concat"] = Field("concat", description="concat: concatenate documents and cut seq_len windows.")
+    mode: Literal["concat", "best_fit"] = Field(
+        "concat",
+        description="concat: concatenate documents and cut seq_len windows (no padding; documents cross windows). "
+        "best_fit: documents packed whole into seq_len rows by best-fit decreasing, the rest padding "
+        "(only documents longer than seq_len are cut).",
+    )
     drop_remainder: bool = Field(True, description="Drop the last window when it is shorter than seq_len.")
 
 

@@ -25,6 +25,21 @@ Sample index, format 2 (output of the mix stage: several sources)::
                                      splits: {name: num_samples}
     <split>.npy                      int64 (num_samples, 3): [source index, start token, length]
 
+Sample index, format 3 (`pack.mode: best_fit`, from the pack stage or the mix stage)::
+
+    pack.json                        format "moai-sample-index/3", seq_len, mode "best_fit",
+                                     order ("shuffle": one source; "as-stored": mixed), sources,
+                                     splits: {name: num_samples}
+    <split>.npy                      int64 (num_samples, 4): [source index, first piece,
+                                     number of pieces, tokens] per row
+    <split>.pieces.npy               int64 (num_pieces, 3): [source index, start token, length]
+
+In format 3 a sample is a row of whole documents (pieces of the same source's split, laid one
+after the other; only a document longer than seq_len is cut, into seq_len pieces and a tail)
+padded to seq_len: `[i]` adds a `loss_mask` (1 on the row's tokens, 0 on the padding), and the
+padding's `position_ids` start again at 0, so it is a document of its own that no token attends
+to. `.lengths` is the tokens column (padding not counted), `.starts` the first-piece column.
+
 In format 2 a sample is a window of the same-named split of its source's token store, and the
 train samples are stored already interleaved and shuffled: training reads them in stored order
 (`order` "as-stored"), where format 1 is shuffled by the trainer (`order` "shuffle"). Token store
@@ -51,6 +66,7 @@ from moai.errors import CacheError
 STORE_FORMAT = "moai-token-store/1"
 PACK_FORMAT = "moai-sample-index/1"
 MIX_FORMAT = "moai-sample-index/2"
+BEST_FIT_FORMAT = "moai-sample-index/3"
 ORDERS = ("shuffle", "as-stored")  # who orders the train samples: the trainer, or the index
 
 
@@ -185,9 +201,10 @@ class PackedSamples:
         except ValueError as err:
             raise CacheError.damaged(self.path, f"pack.json is not JSON ({err})", what="sample index") from None
         fmt = self.meta.get("format")
-        if fmt not in (PACK_FORMAT, MIX_FORMAT):
+        if fmt not in (PACK_FORMAT, MIX_FORMAT, BEST_FIT_FORMAT):
             raise ValueError(f"{self.path}: unknown sample index format {fmt!r}")
-        self.mixed = fmt == MIX_FORMAT
+        self.rows = fmt == BEST_FIT_FORMAT  # samples are rows of pieces (format 3), not windows
+        self.mixed = fmt == MIX_FORMAT or self.rows  # a source column (format 3 has one for any count)
         self.seq_len = int(self.meta["seq_len"])
         self.split_name = split
         cache_root = self.path.parent.parent
@@ -197,7 +214,7 @@ class PackedSamples:
                 raise CacheError.damaged(self.path, "pack.json lists no sources", what="sample index")
             self.source_names: list[str] = [str(s["name"]) for s in sources]
             refs = [s["token_store"] for s in sources]
-            self.order: str = self.meta.get("order", "as-stored")
+            self.order: str = self.meta.get("order", "shuffle" if self.rows else "as-stored")
         else:
             self.source_names = [str(self.meta.get("source") or "default")]
             refs = [self.meta["token_store"]]
@@ -210,10 +227,13 @@ class PackedSamples:
         self.token_splits = [store.split(split) for store in self.stores]
         # Format 1 names: the one store and split (format 2: the first source's).
         self.store, self.tokens = self.stores[0], self.token_splits[0]
+        self.pieces = self._open_pieces(split) if self.rows else None
         self.samples = self._open_samples(split)
         width = self.samples.shape[1]
         # Columns, memory-mapped views: nothing is copied.
         self.starts, self.lengths = self.samples[:, width - 2], self.samples[:, width - 1]
+        if self.rows:
+            self.starts = self.samples[:, 1]
         self.source_ids: np.ndarray = (
             self.samples[:, 0] if self.mixed else np.broadcast_to(np.int64(0), (len(self.samples),))
         )
@@ -223,7 +243,7 @@ class PackedSamples:
         pack.json and each source's token split."""
         file = self.path / f"{split}.npy"
         expected = self.meta.get("splits", {}).get(split)
-        width = 3 if self.mixed else 2
+        width = 4 if self.rows else 3 if self.mixed else 2
         try:
             samples = np.load(file, mmap_mode="r")
         except (OSError, ValueError, EOFError) as err:  # truncated: "mmap length is greater than file size"
@@ -241,6 +261,8 @@ class PackedSamples:
             )
         if not len(samples):
             return samples
+        if self.rows:
+            return self._check_rows(file, samples)
         starts, lengths = samples[:, width - 2], samples[:, width - 1]
         if int(starts.min()) < 0 or int(lengths.min()) < 1:
             raise CacheError.damaged(
@@ -264,6 +286,46 @@ class PackedSamples:
                 self._check_end(file, k, int(mine.max()))
         return samples
 
+    def _open_pieces(self, split: str) -> np.ndarray:
+        """Format 3: the split's pieces (n, 3) [source, start, length], checked against each source's split."""
+        file = self.path / f"{split}.pieces.npy"
+        try:
+            pieces = np.load(file, mmap_mode="r")
+        except (OSError, ValueError, EOFError) as err:
+            raise CacheError.damaged(self.path, f"{file.name} cannot be opened ({err})", what="sample index") from None
+        if pieces.dtype != np.int64 or pieces.ndim != 2 or pieces.shape[1] != 3:
+            raise CacheError.damaged(
+                self.path, f"{file.name} holds {pieces.dtype} {pieces.shape}, expected int64 (n, 3)", what="sample index"
+            )
+        if len(pieces):
+            ids, starts, lengths = pieces[:, 0], pieces[:, 1], pieces[:, 2]
+            if int(starts.min()) < 0 or not 1 <= int(lengths.min()) <= int(lengths.max()) <= self.seq_len:
+                raise CacheError.damaged(
+                    self.path, f"{file.name} has a negative start or a piece not in 1..seq_len", what="sample index"
+                )
+            if int(ids.min()) < 0 or int(ids.max()) >= len(self.source_names):
+                raise CacheError.damaged(self.path, f"{file.name} has source indices outside the sources", what="sample index")
+            for k in range(len(self.source_names)):
+                mine = (starts + lengths)[ids == k]
+                if len(mine):
+                    self._check_end(file, k, int(mine.max()))
+        return pieces
+
+    def _check_rows(self, file: Path, rows: np.ndarray) -> np.ndarray:
+        """Format 3: every row names pieces that exist, of its own source, adding up to its tokens."""
+        assert self.pieces is not None
+        first, count, tokens = rows[:, 1], rows[:, 2], rows[:, 3]
+        if (
+            int(first.min()) < 0
+            or int(count.min()) < 1
+            or int((first + count).max()) > len(self.pieces)
+            or int(tokens.max()) > self.seq_len
+        ):
+            raise CacheError.damaged(
+                self.path, f"{file.name} has rows outside {len(self.pieces)} pieces or over seq_len", what="sample index"
+            )
+        return rows
+
     def _check_end(self, file: Path, k: int, end: int) -> None:
         tokens = self.token_splits[k]
         if end > tokens.num_tokens:
@@ -279,7 +341,9 @@ class PackedSamples:
         return len(self.samples)
 
     def window(self, i: int) -> tuple[int, int, int]:
-        """(source index, start token, length) of sample i."""
+        """(source index, start token, length) of sample i (a window: formats 1 and 2)."""
+        if self.rows:
+            raise ValueError(f"{self.path}: a best_fit sample is a row of pieces, not one window (see .row(i))")
         if self.mixed:
             k, start, length = (int(v) for v in self.samples[i])
             return k, start, length
@@ -290,7 +354,33 @@ class PackedSamples:
         """The name of the source sample i comes from."""
         return self.source_names[int(self.source_ids[i])]
 
+    def row(self, i: int) -> np.ndarray:
+        """Format 3: the pieces (n, 3) [source, start, length] of row i, in order."""
+        assert self.pieces is not None
+        first, count = int(self.samples[i, 1]), int(self.samples[i, 2])
+        return np.asarray(self.pieces[first : first + count])
+
+    def _row_item(self, i: int) -> dict[str, np.ndarray]:
+        ids, pos = [], []
+        for k, start, length in self.row(i).tolist():
+            ids.append(self.token_splits[k].tokens(start, start + length))
+            pos.append(np.arange(length, dtype=np.int64))
+        used = sum(len(x) for x in ids)
+        pad = self.seq_len - used
+        store = self.stores[int(self.samples[i, 0])]
+        ids.append(np.full(pad, store.eos_id, dtype=np.int64))
+        pos.append(np.arange(pad, dtype=np.int64))  # padding: a document of its own
+        mask = np.zeros(self.seq_len, dtype=np.uint8)
+        mask[:used] = 1
+        return {
+            "input_ids": np.concatenate([x.astype(np.int64) for x in ids]),
+            "position_ids": np.concatenate(pos),
+            "loss_mask": mask,
+        }
+
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if self.rows:
+            return self._row_item(i)
         k, start, length = self.window(i)
         tokens = self.token_splits[k]
         ids = tokens.tokens(start, start + length).astype(np.int64)

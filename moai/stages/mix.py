@@ -20,6 +20,12 @@ Output (`moai-sample-index/2`): `pack.json` (seq_len, mode "mix", order "as-stor
 sources' names and token stores relative to the cache dir, samples per split) and `<split>.npy`,
 int64 (n, 3) rows of [source index, start token, length] into that source's split of the same
 name. Validation holds every validation window of every source, source after source.
+
+With `pack.mode: best_fit`, a source's "windows" are its best-fit rows (`pack.best_fit`: whole
+documents, at most seq_len tokens, the rest padding), chosen and interleaved exactly as windows
+are; the budget counts rows of seq_len, so a source's realised tokens fall short of its share by
+its padding (~0.001%, each source's `best_fit` report). The output is format 3: rows
+[source, first piece, pieces, tokens] and `<split>.pieces.npy` [source, start, length].
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ import numpy as np
 
 from moai.config import PipelineConfig
 from moai.errors import DataError
-from moai.formats.tokens import MIX_FORMAT, TokenStore
+from moai.formats.tokens import BEST_FIT_FORMAT, MIX_FORMAT, TokenStore
 from moai.sources import needs_gpu_count, shares, source_names, total_tokens
-from moai.stages.pack import concat_chunk
+from moai.stages.pack import best_fit_report, best_fit_rows, concat_chunk
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +81,8 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
         "seq_len": config.pack.seq_len,
         "drop_remainder": config.pack.drop_remainder,  # of the validation windows; train uses full windows only
         "seed": config.mix.seed,
+        # only when not the default, so the keys of concat mixes stay as they were
+        **({"mode": config.pack.mode} if config.pack.mode != "concat" else {}),
     }
 
 
@@ -226,16 +234,34 @@ def passes(num_windows: int, count: int, seed: int, name: str) -> np.ndarray:
 def mix_samples(
     windows: list[np.ndarray], counts: list[int], seed: int, names: list[str], out: np.ndarray | None = None
 ) -> np.ndarray:
-    """(sum(counts), 3) int64 [source, start, length]: source i gives counts[i] of its `windows`
-    ((n, 2) [start, length]) at its `slots`; written into `out` when given (a memory-mapped file)."""
-    out = np.empty((sum(counts), 3), dtype=np.int64) if out is None else out
+    """(sum(counts), 1 + c) int64 [source, *window]: source i gives counts[i] of its `windows`
+    ((n, c): [start, length] of concat windows, or [first piece, pieces, tokens] of best-fit rows)
+    at its `slots`; written into `out` when given (a memory-mapped file)."""
+    width = 1 + (windows[0].shape[1] if windows else 2)
+    out = np.empty((sum(counts), width), dtype=np.int64) if out is None else out
     for i, (w, n) in enumerate(zip(windows, counts, strict=True)):
         if n:
             at, chosen = slots(counts, i), passes(len(w), n, seed, names[i])
             out[at, 0] = i
-            out[at, 1] = w[chosen, 0]
-            out[at, 2] = w[chosen, 1]
+            out[at, 1:] = w[chosen]
     return out
+
+
+def best_fit_parts(
+    stores: list[TokenStore], split: str, seq_len: int
+) -> tuple[list[np.ndarray], np.ndarray, list[dict[str, Any]]]:
+    """Each source's best-fit rows of `split` as windows [first piece, pieces, tokens] into one
+    pieces array (n, 3) [source, start, length] of every source, and each source's pack figures."""
+    windows, pieces, reports, base = [], [], [], 0
+    for i, s in enumerate(stores):
+        offsets = s.split(split).doc_offsets
+        rows, p = best_fit_rows(offsets, seq_len, source=i)
+        rows[:, 1] += base
+        base += len(p)
+        windows.append(rows[:, 1:])
+        pieces.append(p)
+        reports.append(best_fit_report(rows, offsets, seq_len))
+    return windows, np.concatenate(pieces).reshape(-1, 3), reports
 
 
 # -- the stage -------------------------------------------------------------------------------------
@@ -259,7 +285,12 @@ def mix(
     seq_len = config.pack.seq_len
     stores = [TokenStore(d) for d in store_dirs]
     train_tokens = [s.split("train").num_tokens for s in stores]
-    windows = [concat_chunk(n, seq_len, drop_remainder=True) for n in train_tokens]
+    best = config.pack.mode == "best_fit"
+    if best:  # a source's windows are its best-fit rows: whole documents, each row at most seq_len tokens
+        windows, pieces, packed = best_fit_parts(stores, "train", seq_len)
+        np.save(out_dir / "train.pieces.npy", pieces)
+    else:
+        windows = [concat_chunk(n, seq_len, drop_remainder=True) for n in train_tokens]
     available = [len(w) for w in windows]
     shares_ = shares(config)
     budget = largest_budget(shares_, caps(available, reps)) if total is None else total // seq_len
@@ -271,20 +302,32 @@ def mix(
     counts = allot(shares_, budget)
     refuse(names, weights, reps, available, counts, seq_len)
     # written in place: the index never sits in memory twice (24 bytes a sample, in the page cache)
-    train = np.lib.format.open_memmap(out_dir / "train.npy", mode="w+", dtype=np.int64, shape=(budget, 3))
+    width = 4 if best else 3
+    train = np.lib.format.open_memmap(out_dir / "train.npy", mode="w+", dtype=np.int64, shape=(budget, width))
     mix_samples(windows, counts, config.mix.seed, names, out=train)
     train.flush()
     val_parts = []
-    for i, s in enumerate(stores):
-        v = concat_chunk(s.split("validation").num_tokens, seq_len, config.pack.drop_remainder)
-        val_parts.append(np.column_stack([np.full(len(v), i, dtype=np.int64), v]))
-    validation = np.concatenate(val_parts).astype(np.int64).reshape(-1, 3)
+    if best:
+        val_windows, val_pieces, _ = best_fit_parts(stores, "validation", seq_len)
+        np.save(out_dir / "validation.pieces.npy", val_pieces)
+        val_parts = [np.column_stack([np.full(len(v), i, dtype=np.int64), v]) for i, v in enumerate(val_windows)]
+    else:
+        for i, s in enumerate(stores):
+            v = concat_chunk(s.split("validation").num_tokens, seq_len, config.pack.drop_remainder)
+            val_parts.append(np.column_stack([np.full(len(v), i, dtype=np.int64), v]))
+    validation = np.concatenate(val_parts).astype(np.int64).reshape(-1, width)
     np.save(out_dir / "validation.npy", validation)
+    # tokens each source gives (best-fit rows hold at most seq_len, the rest is padding)
+    realised = (
+        np.rint(np.bincount(train[:, 0], weights=train[:, 3], minlength=len(names))).astype(np.int64)
+        if best
+        else np.array(counts, dtype=np.int64) * seq_len
+    )
     val_counts = np.bincount(validation[:, 0], minlength=len(names))
     meta = {
-        "format": MIX_FORMAT,
+        "format": BEST_FIT_FORMAT if best else MIX_FORMAT,
         "seq_len": seq_len,
-        "mode": "mix",
+        "mode": "best_fit" if best else "mix",
         "order": "as-stored",
         "sources": [
             {"name": n, "token_store": str(d.relative_to(cache_root))} for n, d in zip(names, store_dirs, strict=True)
@@ -301,11 +344,12 @@ def mix(
             "tokens_available": train_tokens[i],
             "windows_available": available[i],
             "target_tokens": round(float(shares_[i] * budget * seq_len)),
-            "realised_tokens": counts[i] * seq_len,
+            "realised_tokens": int(realised[i]),
             "realised_share": round(counts[i] / budget, 6),
             "samples": counts[i],
             "epochs": round(counts[i] / available[i], 4) if available[i] else 0.0,
             "validation_samples": int(val_counts[i]),
+            **({"best_fit": packed[i]} if best else {}),
         }
         for i in range(len(names))
     ]

@@ -8,8 +8,9 @@ a seeded permutation (`epoch_order`). Costs: one order array of the split (8 byt
 epoch, held for the epoch in progress; the datasets memory-map the stage outputs, and
 `DocumentDataset` also keeps two int64 arrays with one entry per seq_len piece of a document.
 
-- packed mode (`PackedDataset`): windows of the pack stage's sample index, every one seq_len long;
-  `position_ids` restart at each document, which is what masks attention between documents;
+- packed mode (`PackedDataset`): windows of the pack stage's sample index, every one seq_len long
+  (best_fit rows are padded to it); `position_ids` restart at each document, which is what masks
+  attention between documents; labels are -100 where the sample's `loss_mask` is 0 (padding);
 - unpacked mode (`DocumentDataset`): one item per document, or per seq_len piece of a longer
   one, padded per micro-batch; the order groups similar lengths so little is padding.
 """
@@ -120,7 +121,10 @@ class PackedDataset:
 
         s = self.samples[i]
         ids = torch.from_numpy(s["input_ids"])
-        return {"input_ids": ids, "position_ids": torch.from_numpy(s["position_ids"]), "labels": ids.clone()}
+        labels = ids.clone()
+        if "loss_mask" in s:  # best-fit padding, a chat store's prompt tokens: no loss
+            labels[torch.from_numpy(s["loss_mask"]) == 0] = -100
+        return {"input_ids": ids, "position_ids": torch.from_numpy(s["position_ids"]), "labels": labels}
 
     @staticmethod
     def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
