@@ -38,7 +38,20 @@ from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan
 from moai.presets import config_origin
 from moai.sources import source_config, source_names
-from moai.stages import convert, filter as filter_stage, mix, pack, save, tokenize, tokenizer
+from moai.stages import (
+    convert,
+    decontaminate,
+    dedup,
+    filter as filter_stage,
+    language,
+    mix,
+    pack,
+    quality,
+    save,
+    signatures,
+    tokenize,
+    tokenizer,
+)
 from moai.store import Store, stage_key
 
 log = logging.getLogger(__name__)
@@ -69,6 +82,9 @@ class Stage:
     build: Callable[[BuildContext, Path], dict[str, Any]]
     enabled: Callable[[PipelineConfig], bool] = lambda config: True
     combines: bool = False  # with several sources: one node reading every source's node, not one per source
+    # with several sources: a source's node also reads these stages' nodes of every source before it
+    # (cross-source deduplication keeps the copy in the earlier source)
+    reads_earlier: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, module: ModuleType) -> Stage:
@@ -82,6 +98,7 @@ class Stage:
             module.build,
             getattr(module, "enabled", lambda config: True),
             bool(getattr(module, "COMBINES", False)),
+            tuple(getattr(module, "READS_EARLIER", ())),
         )
 
 
@@ -125,7 +142,8 @@ class BuildContext:
         return Path(self.inputs[name].path)
 
     def per_source(self, name: str) -> dict[str, Path]:
-        """A combining stage's inputs of stage `name`, by source (`{"ko": <tokenize[ko] folder>, ...}`)."""
+        """A combining stage's inputs of stage `name`, by source (`{"ko": <tokenize[ko] folder>, ...}`);
+        for a source's node, the earlier sources' nodes it reads (`READS_EARLIER`), in config order."""
         named = {split_name(node): value for node, value in self.inputs.items()}
         return {source: Path(v.path) for (base, source), v in named.items() if base == name and source is not None}
 
@@ -136,7 +154,23 @@ ROOTS: dict[str, Callable[[PipelineConfig], str]] = {
     "tokenizer-files": lambda config: tokenizer.tokenizer_fingerprint(config.tokenizer),
 }
 
-REGISTRY: list[Stage] = [Stage.of(m) for m in (convert, filter_stage, save, tokenizer, tokenize, pack, mix)]
+REGISTRY: list[Stage] = [
+    Stage.of(m)
+    for m in (
+        convert,
+        filter_stage,
+        signatures,
+        dedup,
+        quality,
+        language,
+        decontaminate,
+        save,
+        tokenizer,
+        tokenize,
+        pack,
+        mix,
+    )
+]
 
 
 def _one_source(config: PipelineConfig):
@@ -188,8 +222,14 @@ def nodes(config: PipelineConfig) -> list[Node]:
         elif any(r in per_source for r in reads):
             per_source.add(s.name)
             out.extend(
-                Node(node_name(s.name, x), s, x, tuple(node_name(r, x) if r in per_source else r for r in reads))
-                for x in names
+                Node(
+                    node_name(s.name, x),
+                    s,
+                    x,
+                    tuple(node_name(r, x) if r in per_source else r for r in reads)
+                    + tuple(node_name(r, y) for y in names[:i] for r in s.reads_earlier),
+                )
+                for i, x in enumerate(names)
             )
         else:
             out.append(Node(s.name, s, None, reads))
@@ -229,11 +269,13 @@ def key_of(config: PipelineConfig, name: str, inputs: Inputs) -> str:
 
 def stage_inputs(config: PipelineConfig, name: str, inputs: Inputs) -> tuple[PipelineConfig, Inputs]:
     """What a node's stage code sees: its config, and its inputs under the names the stage reads
-    (a source's node reads `save`, not `save[ko]`; a combining node keeps the node names)."""
+    (a source's node reads `save`, not `save[ko]`; a combining node keeps the node names, and so do
+    a source's reads of earlier sources' nodes, which `BuildContext.per_source` gives)."""
     n = node(config, name)
     if n.source is None:
         return config, inputs
-    return node_config(config, n.source), {split_name(r)[0]: inputs[r] for r in n.reads}
+    own = {r: split_name(r)[0] for r in n.reads if split_name(r)[1] in (None, n.source)}
+    return node_config(config, n.source), {own.get(r, r): inputs[r] for r in n.reads}
 
 
 def run_stage(

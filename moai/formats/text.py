@@ -20,24 +20,56 @@ TEXT_SCHEMA = pa.schema([("text", pa.string())])
 
 def write_text_dataset(batches: Iterable[list[str] | pa.RecordBatch], out_dir: Path, max_shard_size: str) -> int:
     """Write batches of texts as a `save_to_disk` folder in `out_dir`; return the row count."""
-    import datasets
-
-    work = out_dir / "_work"
-    work.mkdir(parents=True, exist_ok=True)
-    raw = work / "raw.arrow"
-    rows = 0
-    with pa.OSFile(str(raw), "wb") as sink, pa.ipc.new_stream(sink, TEXT_SCHEMA) as writer:
+    with DatasetWriter(out_dir, TEXT_SCHEMA) as writer:
         for batch in batches:
             if not isinstance(batch, pa.RecordBatch):
                 batch = pa.record_batch([pa.array(batch, type=pa.string())], schema=TEXT_SCHEMA)
-            if batch.num_rows:
-                writer.write_batch(batch)
-                rows += batch.num_rows
-    ds = datasets.Dataset.from_file(str(raw))
-    ds.save_to_disk(str(out_dir), max_shard_size=max_shard_size)
-    del ds
-    shutil.rmtree(work)
-    return rows
+            writer.write(batch)
+        return writer.finish(max_shard_size)
+
+
+class DatasetWriter:
+    """Record batches of `schema` streamed to `<out_dir>/_work/raw.arrow`, then laid out by `finish`
+    as a `save_to_disk` folder in `out_dir` (the work file is removed)."""
+
+    def __init__(self, out_dir: Path, schema: pa.Schema):
+        self.out_dir, self.schema, self.rows = out_dir, schema, 0
+        self.work = out_dir / "_work"
+        self.work.mkdir(parents=True, exist_ok=True)
+        self._sink = pa.OSFile(str(self.work / "raw.arrow"), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, schema)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self._writer.write_batch(batch)
+            self.rows += batch.num_rows
+
+    def _close(self) -> None:
+        if not self._sink.closed:
+            self._writer.close()
+            self._sink.close()
+
+    def finish(self, max_shard_size: str) -> int:
+        import datasets
+
+        self._close()
+        ds = datasets.Dataset.from_file(str(self.work / "raw.arrow"))
+        was_on = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # a bar per written folder; the stages report their own progress
+        try:
+            ds.save_to_disk(str(self.out_dir), max_shard_size=max_shard_size)
+        finally:
+            if was_on:
+                datasets.enable_progress_bars()
+        del ds
+        shutil.rmtree(self.work)
+        return self.rows
 
 
 def open_text(path: Path | str):

@@ -16,10 +16,15 @@ import numpy as np
 from moai.config import PipelineConfig, SplitConfig
 from moai.errors import DataError
 from moai.formats.text import open_text
+from moai.stages.chain import before
 
 NAME = "save"
 VERSION = 1
-READS = ("filter",)
+
+
+def reads(config: PipelineConfig) -> tuple[str, ...]:
+    """filter, or the last cleaning stage that is on (`moai.stages.chain`)."""
+    return (before(config, NAME),)
 
 
 def settings(config: PipelineConfig) -> dict[str, Any]:
@@ -27,7 +32,9 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 
 
 def build(ctx, out: Path) -> dict[str, Any]:
-    return save(ctx.config.split, ctx.path("filter"), out, max_shard_size=ctx.config.save.max_shard_size)
+    return save(
+        ctx.config.split, ctx.path(before(ctx.config, NAME)), out, max_shard_size=ctx.config.save.max_shard_size
+    )
 
 
 def validation_rows(num_rows: int, cfg: SplitConfig) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""Data cleaning: duplicates (exact and MinHash), quality rules, language, decontamination."""

