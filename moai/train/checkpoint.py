@@ -49,12 +49,15 @@ def run_identity(
     t: TrainConfig, world: int | None, seq_len: int, num_samples: int | None, sample_order: str | None = None
 ) -> dict[str, Any]:
     """What the order of samples and the learning rate depend on; None: not known yet (not compared).
-    `sample_order` is `data.sample_order_identity`: "shuffle", or a mixed index's stored order."""
+    `sample_order` is `data.sample_order_identity`: "shuffle", or a mixed index's stored order.
+
+    Not the world size, nor how the global batch is split into micro-batches and accumulation:
+    sample position p of step s is s x global_batch + p whatever the split (`data.sample_ids`), so
+    a run resumes on another number of processes or machines, or with another micro_batch_size x
+    grad_accum_steps, as long as their product with the ranks, the global batch, is unchanged."""
     return {
         "seed": t.seed,
-        "micro_batch_size": t.micro_batch_size,
-        "grad_accum_steps": t.grad_accum_steps,
-        "world_size": world,
+        "global_batch": None if world is None else t.micro_batch_size * t.grad_accum_steps * world,
         "seq_len": seq_len,
         "train_samples": num_samples,
         "max_steps": t.max_steps,
@@ -68,9 +71,8 @@ IDENTITY_DEFAULTS: dict[str, Any] = {"sample_order": "shuffle"}
 # Where each entry of a run identity comes from, as a user would change it.
 IDENTITY_SETTINGS = {
     "seed": "train.seed",
-    "micro_batch_size": "train.micro_batch_size",
-    "grad_accum_steps": "train.grad_accum_steps",
-    "world_size": "ranks (train.num_processes x train.num_machines, or one per GPU)",
+    "global_batch": "global batch (samples per optimizer step: train.micro_batch_size x train.grad_accum_steps x "
+    "ranks, ranks being train.num_processes x train.num_machines or one per GPU)",
     "seq_len": "pack.seq_len",
     "train_samples": "training samples (the prepared data)",
     "max_steps": "train.max_steps (the learning-rate schedule)",
@@ -78,9 +80,19 @@ IDENTITY_SETTINGS = {
 }
 
 
+def with_global_batch(saved: dict[str, Any]) -> dict[str, Any]:
+    """A run identity written before "global_batch" was (it had the split: micro-batch, accumulation
+    and world size) gets it from them."""
+    parts = [saved.get(k) for k in ("micro_batch_size", "grad_accum_steps", "world_size")]
+    if "global_batch" in saved or any(p is None for p in parts):
+        return saved
+    return {**saved, "global_batch": parts[0] * parts[1] * parts[2]}
+
+
 def identity_mismatch(output_dir: Path, saved: dict[str, Any], now: dict[str, Any]) -> ConfigError | None:
     """The one-line error for a checkpoint whose run identity differs from this run's (entries of
     `now` that are None are not known yet and not compared); None when they agree."""
+    saved = with_global_batch(saved)
     was = {k: saved.get(k, IDENTITY_DEFAULTS.get(k)) for k in now}
     diff = {k: (was[k], v) for k, v in now.items() if v is not None and was[k] != v}
     if not diff:

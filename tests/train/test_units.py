@@ -387,10 +387,10 @@ def test_resume_plan_decides_fresh_resume_and_finished_from_small_files(tmp_path
 @pytest.mark.parametrize(
     ("train", "kwargs", "names"),
     [
-        ({"micro_batch_size": 4}, {}, ["train.micro_batch_size 8 in the checkpoint, 4 now"]),
+        ({"micro_batch_size": 4}, {}, ["global batch (samples per optimizer step: train.micro_batch_size", "16 in the checkpoint, 8 now"]),
         ({"seed": 3, "max_steps": 20}, {}, ["train.seed 0 in the checkpoint, 3 now", "train.max_steps"]),
-        ({"num_processes": 1}, {}, ["ranks (train.num_processes"]),  # world size known from the config
-        ({"num_processes": None}, {"num_gpus": 4}, ["ranks", "2 in the checkpoint, 4 now"]),
+        ({"num_processes": 1}, {}, ["global batch", "ranks being train.num_processes", "16 in the checkpoint, 8 now"]),
+        ({"num_processes": None}, {"num_gpus": 4}, ["global batch", "16 in the checkpoint, 32 now"]),
         ({}, {"num_samples": 999}, ["training samples (the prepared data) 1000 in the checkpoint, 999 now"]),
     ],
 )
@@ -420,6 +420,28 @@ def test_resume_plan_refuses_other_settings_with_one_line(tmp_path, train, kwarg
     assert "\n" not in message and f"rm -rf {out}" in message and "another folder" in message
     for name in names:
         assert name in message
+
+
+@pytest.mark.parametrize(
+    "train",
+    [
+        {"num_processes": 1, "grad_accum_steps": 2},  # half the ranks, twice the accumulation
+        {"num_processes": 4, "micro_batch_size": 4},  # twice the ranks, half the micro-batch
+        {"num_processes": 1, "num_machines": 2, "main_process_ip": "10.0.0.1"},  # one process on each of two machines
+        {"micro_batch_size": 2, "grad_accum_steps": 4},
+    ],
+)
+def test_resume_plan_resumes_on_another_split_of_the_same_global_batch(tmp_path, train):
+    from moai.train.checkpoint import resume_plan
+
+    out = tmp_path / "run"
+    _checkpoint(out, 4, _identity())  # 8 x 1 x 2 ranks, written before "global_batch" was recorded
+    raw = {"model_config": {"model_type": "llama"}, "output_dir": str(out), "max_steps": 10, "micro_batch_size": 8}
+    config = parse_config({**BASE, "pack": {"seq_len": 2048}, "train": {**raw, "num_processes": 2, **train}})
+    plan = resume_plan(config, num_samples=1000)
+    assert (plan.status, plan.step) == ("resume", 4)
+    _checkpoint(out, 5, {"seed": 0, "global_batch": 16, "seq_len": 2048, "train_samples": 1000, "max_steps": 10})
+    assert resume_plan(config, num_samples=1000).step == 5
 
 
 def test_resume_plan_leaves_what_is_not_known_yet_and_names_a_damaged_state(tmp_path):
