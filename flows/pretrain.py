@@ -65,21 +65,20 @@ def stage_task(
     return pipeline.run_stage(config, name, inputs, plan=plan, progress=False, on_progress=progress, options=options)
 
 
-@task(name="tokenize-shard")
-def tokenize_shard_task(config: PipelineConfig, key: str, inputs: Inputs, index: int, num: int) -> dict:
-    from moai.stages import tokenize
-
-    return tokenize.run_unit(config, key, inputs, shard_index=index, num_shards=num)
+@task(name="unit")
+def unit_task(config: PipelineConfig, stage: str, key: str, inputs: Inputs, index: int, num: int) -> dict:
+    return pipeline.UNIT_STAGES[stage].run_unit(config, key, inputs, shard_index=index, num_shards=num)
 
 
-@flow(name="tokenize-shards")
-def tokenize_shards(config: PipelineConfig, name: str, inputs: Inputs, num: int) -> list[dict]:
-    """The tokenize units of node `name` (`tokenize`, or `tokenize[ko]` of one source) mapped over the
-    flow's task runner (Dask when configured)."""
+@flow(name="stage-units")
+def stage_units(config: PipelineConfig, name: str, inputs: Inputs, num: int) -> list[dict]:
+    """The units of node `name` (`tokenize`, `signatures`, or `tokenize[ko]` of one source) mapped
+    over the flow's task runner (Dask when configured)."""
     key = pipeline.key_of(config, name, inputs)
     cfg, stage_inputs = pipeline.stage_inputs(config, name, inputs)
-    futures = tokenize_shard_task.map(
-        unmapped(cfg), unmapped(key), unmapped(stage_inputs), list(range(num)), unmapped(num)
+    stage = pipeline.split_name(name)[0]
+    futures = unit_task.with_options(name=f"{stage}-unit").map(
+        unmapped(cfg), unmapped(stage), unmapped(key), unmapped(stage_inputs), list(range(num)), unmapped(num)
     )
     return [f.result() for f in futures]
 
@@ -158,11 +157,13 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
     def run(name: str, inputs: Inputs) -> StageResult:
         fresh = not pipeline.is_published(config, name, inputs)
         options = None
-        if pipeline.split_name(name)[0] == "tokenize" and fresh and config.runner.kind == "dask":
+        stage = pipeline.split_name(name)[0]
+        if stage in pipeline.UNIT_STAGES and fresh and config.runner.kind == "dask":
             num = config.runner.num_shards or 4 * dask_workers(config, plan)
-            units = tokenize_shards.with_options(task_runner=dask_runner(config, plan))(config, name, inputs, num)
+            units = stage_units.with_options(task_runner=dask_runner(config, plan))(config, name, inputs, num)
             log.info(
-                "tokenize units: %d parts built, %d reused",
+                "%s units: %d parts built, %d reused",
+                stage,
                 sum(u["built"] for u in units),
                 sum(u["skipped"] for u in units),
             )

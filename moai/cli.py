@@ -1,12 +1,15 @@
 """`moai` command line: the pipeline without Prefect, for scripts and Slurm.
 
     moai plan CONFIG       print the resolved config and the hardware plan; run nothing
-    moai prepare CONFIG    run convert → filter → save → tokenizer → tokenize → pack;
-                           the last stdout line is one JSON object with the output paths
+    moai prepare CONFIG    run convert → filter → [dedup, quality, language, decontaminate] →
+                           save → tokenizer → tokenize → pack; the last stdout line is one
+                           JSON object with the output paths
     moai train CONFIG      prepare, then `accelerate launch python -m moai.train`
     moai doctor [CONFIG]   check the set-up: pass/warn/fail with a fix for each
     moai tokenize-shard CONFIG --shard-index I --num-shards N
                            one unit of the tokenize stage (a Slurm array task)
+    moai dedup-shard CONFIG --shard-index I --num-shards N
+                           one unit of the dedup signatures (a Slurm array task)
     moai merge CONFIG      publish the token store from the units, then pack
     moai export-webdataset CONFIG --out DIR [--shard-size 256MB]
                            packed samples as WebDataset tar shards
@@ -139,7 +142,7 @@ def _train_cmd(args: argparse.Namespace) -> int:
 
 
 def _shard_cmd(args: argparse.Namespace) -> int:
-    from moai.pipeline import tokenize_shard
+    from moai.pipeline import run_units
 
     # Decided before any stage runs: a bad index would otherwise fail only after the stages before tokenize.
     if args.num_shards < 1:
@@ -149,7 +152,7 @@ def _shard_cmd(args: argparse.Namespace) -> int:
             f"--shard-index {args.shard_index} is out of range for --num-shards {args.num_shards}: "
             f"use 0 to {args.num_shards - 1} (Slurm: --array=0-{args.num_shards - 1})"
         )
-    print(json.dumps(tokenize_shard(resolve_config(args.config), args.shard_index, args.num_shards)))
+    print(json.dumps(run_units(resolve_config(args.config), args.unit_stage, args.shard_index, args.num_shards)))
     return 0
 
 
@@ -278,6 +281,9 @@ EXAMPLES = {
     "  moai prepare my.yaml --no-progress | tail -1 | jq .token_store",
     "train": "examples:\n  moai train examples/quickstart.yaml\n"
     "  moai train my.yaml --num-machines 2 --machine-rank 0 --main-process-ip 10.0.0.1 --main-process-port 29500",
+    "dedup-shard": "examples:\n"
+    "  moai dedup-shard my.yaml --shard-index $SLURM_ARRAY_TASK_ID --num-shards 8   # sbatch --array=0-7\n"
+    "  moai merge my.yaml   # then: the clustering, the other stages, the token store",
     "tokenize-shard": "examples:\n  moai tokenize-shard my.yaml --shard-index 0 --num-shards 32\n"
     "  moai tokenize-shard my.yaml --shard-index $SLURM_ARRAY_TASK_ID --num-shards 32   # sbatch --array=0-31",
     "merge": "examples:\n  moai merge my.yaml --num-shards 32",
@@ -385,7 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--num-shards", type=int, required=True, help="how many units the tokenize stage is cut into (the same for all)"
     )
-    p.set_defaults(func=_shard_cmd)
+    p.set_defaults(func=_shard_cmd, unit_stage="tokenize")
+    p = _add_parser(
+        sub, "dedup-shard", help="one unit of the dedup signatures (Slurm array task, before merge); safe to rerun"
+    )
+    p.add_argument("config", help="config file (YAML/JSON) or preset name")
+    p.add_argument("--shard-index", type=int, required=True, help="this unit, 0 to NUM_SHARDS-1")
+    p.add_argument(
+        "--num-shards", type=int, required=True, help="how many units the signatures are cut into (the same for all)"
+    )
+    p.set_defaults(func=_shard_cmd, unit_stage="signatures")
     p = _add_parser(sub, "merge", help="publish the token store from all tokenize-shard units, then pack")
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--num-shards", type=int, help="to name the shards that still have to run")

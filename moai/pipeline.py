@@ -389,18 +389,35 @@ def merge(config: PipelineConfig, num_shards: int | None = None) -> dict[str, An
     )
 
 
-def tokenize_shard(config: PipelineConfig, shard_index: int, num_shards: int) -> dict[str, Any]:
-    """One unit of the tokenize stage (see `moai.stages.tokenize.units`): the stages before it, then its
-    parts; with several sources, unit `shard_index` of every source (reported by source)."""
-    done = walk(config, until=tokenizer.NAME)
+UNIT_STAGES = {tokenize.NAME: tokenize, signatures.NAME: signatures}  # stages that run as independent units
+
+
+def run_units(config: PipelineConfig, stage_name: str, shard_index: int, num_shards: int) -> dict[str, Any]:
+    """Unit `shard_index` of `num_shards` of stage `stage_name` (tokenize, or the dedup signatures):
+    the stages before it, then the unit's parts; with several sources, that unit of every source
+    (reported by source)."""
+    module = UNIT_STAGES[stage_name]
+    order = nodes(config)
+    at = [i for i, n in enumerate(order) if n.stage.name == stage_name]
+    if not at:
+        from moai.errors import ConfigError
+
+        raise ConfigError(f"this config has no {stage_name} stage (stages: {[n.name for n in order]})")
+    done = walk(config, until=order[at[0] - 1].name)
     units = {}
-    for n in nodes(config):
-        if n.stage.name == tokenize.NAME:
-            inputs = {r: done[r] for r in n.reads}
-            cfg, stage_in = stage_inputs(config, n.name, inputs)
-            key = key_of(config, n.name, inputs)
-            units[n.source] = tokenize.run_unit(cfg, key, stage_in, shard_index=shard_index, num_shards=num_shards)
+    for i in at:
+        n = order[i]
+        inputs = {r: done[r] for r in n.reads}
+        cfg, stage_in = stage_inputs(config, n.name, inputs)
+        units[n.source] = module.run_unit(
+            cfg, key_of(config, n.name, inputs), stage_in, shard_index=shard_index, num_shards=num_shards
+        )
     return units.get(None, {"sources": units})
+
+
+def tokenize_shard(config: PipelineConfig, shard_index: int, num_shards: int) -> dict[str, Any]:
+    """One unit of the tokenize stage (see `moai.stages.tokenize.units`)."""
+    return run_units(config, tokenize.NAME, shard_index, num_shards)
 
 
 def launch_training(

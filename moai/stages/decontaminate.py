@@ -53,9 +53,13 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 
     cfg = config.decontaminate
     assert cfg is not None
+    try:
+        evals = source_fingerprint(_source(cfg, _fields(cfg)[0]))
+    except DataError as err:  # it names source.path: here the setting is decontaminate.path
+        raise DataError(str(err).replace("source.path", "decontaminate.path", 1)) from None
     return {
         **cfg.model_dump(exclude={"path"}),
-        "evals": source_fingerprint(_source(cfg, _fields(cfg)[0])),
+        "evals": evals,
         "min_words": MIN_WORDS,
         "keep_dropped": config.keep_dropped,
     }
@@ -67,7 +71,11 @@ def eval_texts(cfg: DecontaminateConfig) -> list[tuple[str, str]]:
 
     fields = _fields(cfg)
     out: list[tuple[str, str]] = []
-    for path in source_files(_source(cfg, fields[0])):
+    try:
+        paths = source_files(_source(cfg, fields[0]))
+    except DataError as err:
+        raise DataError(str(err).replace("source.path", "decontaminate.path", 1)) from None
+    for path in paths:
         rows = Rows(_source(cfg, fields[0]))
         for where, row in file_rows(path, rows.source, rows, []):
             missing = [f for f in fields if f not in row]

@@ -85,12 +85,16 @@ def _publish_part(root: str, key: str, index: int, text_dir: str, lo: int, hi: i
     return pub.built
 
 
-def run_unit(config: PipelineConfig, key: str, text_dir: Path, *, shard_index: int, num_shards: int) -> dict[str, Any]:
-    """Unit `shard_index` of `num_shards`: publish the parts at positions ≡ shard_index (mod num_shards)."""
+def run_unit(
+    config: PipelineConfig, key: str, inputs: dict[str, Any], *, shard_index: int, num_shards: int
+) -> dict[str, Any]:
+    """One `moai dedup-shard` unit: publish the parts at positions ≡ shard_index (mod num_shards) of
+    the stage output `key` (`inputs`: what the stage reads, as `pipeline.stage_inputs` gives them)."""
     if not 0 <= shard_index < num_shards:
         raise ConfigError(f"--shard-index {shard_index} must be in [0, {num_shards})")
     assert config.dedup is not None
     started = time.perf_counter()
+    text_dir = Path(inputs[before(config, "dedup")].path)
     ranges = part_ranges(MappedTable(text_dir).table.num_rows)
     mine = [(i, r) for i, r in enumerate(ranges) if i % num_shards == shard_index]
     mh = hasher(config.dedup)
