@@ -60,11 +60,22 @@ class SourceConfig(_Model):
     )
     txt_sample_by: Literal["line", "paragraph", "document"] = "line"
     trust_remote_code: bool = False
+    format: Literal["text", "chat"] = Field(
+        "text",
+        description="text: one text per row. chat: a messages list per row (role, content; OpenAI style), "
+        "rendered with a chat template; the loss is on assistant turns only.",
+    )
+    messages_field: str = Field("messages", description="format chat: the column holding the messages list.")
+    chat_template: str | None = Field(
+        None, description="format chat: a Jinja chat template, or a path to one (None: the tokenizer's own)."
+    )
 
     @model_validator(mode="after")
     def _one_source_one_text(self) -> SourceConfig:
         if (self.path is None) == (self.hub is None):
             raise ValueError("set exactly one of source.path (local files) or source.hub (a hub dataset)")
+        if self.format == "chat" and self.text_template is not None:
+            raise ValueError("source.format chat reads source.messages_field; source.text_template is for format text")
         if self.text_field is not None and self.text_template is not None:
             raise ValueError("set source.text_field or source.text_template, not both")
         if self.text_field is None and self.text_template is None:

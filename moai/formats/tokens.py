@@ -5,7 +5,11 @@ Token store (output of the tokenize stage), the flat layout of Megatron-LM, data
     tokens.json                      format, dtype, eos_id, vocab_size, per split its parts
     <split>/part-00000.bin           token ids, little-endian uint16 (vocab ≤ 65536) or uint32
     <split>/part-00000.idx           int64 end offset of each document within the part
+    <split>/part-00000.mask          uint8 per token, chat data only (tokens.json "loss_mask": true):
+                                     1 where the token is trained on (assistant turns), else 0
 
+`TokenStore(path).split("train").loss_mask(i)` gives document i's mask, aligned with
+`.document(i)`; a store without masks (plain text) has `has_loss_mask` False and no mask files.
 Documents follow each other in corpus order; every document ends with EOS. Parts are fixed row
 ranges of the saved text (not one per worker), so the files are the same for any worker count.
 Opening is O(parts): each part's file sizes are checked against tokens.json (a truncated `.bin`
@@ -78,6 +82,7 @@ class TokenSplit:
         self.name = name
         self.dtype = dtype
         self.parts = meta["parts"]
+        self.has_loss_mask = bool(self.parts) and all("mask" in p for p in self.parts)
         self.num_tokens = int(meta["num_tokens"])
         self.num_documents = int(meta["num_documents"])
         self._part_starts = np.concatenate([[0], np.cumsum([p["num_tokens"] for p in self.parts])]).astype(np.int64)
@@ -93,10 +98,13 @@ class TokenSplit:
                 what="token store",
             )
         for part in self.parts:
-            for name, count, width, unit in (
+            files = [
                 (part["bin"], part["num_tokens"], self.dtype.itemsize, "tokens"),
                 (part["idx"], part["num_documents"], 8, "documents"),
-            ):
+            ]
+            if "mask" in part:
+                files.append((part["mask"], part["num_tokens"], 1, "loss mask bytes"))
+            for name, count, width, unit in files:
                 expected = count * width
                 try:
                     size = (self.root / name).stat().st_size
@@ -122,6 +130,13 @@ class TokenSplit:
         return [self._bin(i) for i in range(len(self.parts))]
 
     @cached_property
+    def _masks(self) -> list[np.ndarray]:
+        return [
+            np.memmap(self.root / p["mask"], dtype=np.uint8, mode="r") if p["num_tokens"] else np.empty(0, np.uint8)
+            for p in self.parts
+        ]
+
+    @cached_property
     def doc_offsets(self) -> np.ndarray:
         """Global token offsets of document boundaries: num_documents + 1 values, from 0 to num_tokens."""
         out = [np.zeros(1, dtype=np.int64)]
@@ -132,6 +147,22 @@ class TokenSplit:
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of the split's stream, across part boundaries."""
+        return self._read(self._bins, start, stop, self.dtype)
+
+    def loss_mask_tokens(self, start: int, stop: int) -> np.ndarray:
+        """The loss mask (uint8, 1: trained on) of tokens [start, stop); all ones in a store without masks."""
+        if not self.has_loss_mask:
+            if not 0 <= start <= stop <= self.num_tokens:
+                raise IndexError(f"token range [{start}, {stop}) outside [0, {self.num_tokens})")
+            return np.ones(stop - start, dtype=np.uint8)
+        return self._read(self._masks, start, stop, np.dtype(np.uint8))
+
+    def loss_mask(self, i: int) -> np.ndarray:
+        """The loss mask of document i, aligned with `document(i)` (its EOS included, 0 in chat data)."""
+        offs = self.doc_offsets
+        return self.loss_mask_tokens(int(offs[i]), int(offs[i + 1]))
+
+    def _read(self, files: list[np.ndarray], start: int, stop: int, dtype: np.dtype) -> np.ndarray:
         if not 0 <= start <= stop <= self.num_tokens:
             raise IndexError(f"token range [{start}, {stop}) outside [0, {self.num_tokens})")
         first = int(np.searchsorted(self._part_starts, start, side="right")) - 1
@@ -142,11 +173,11 @@ class TokenSplit:
             base = self._part_starts[i]
             end = min(stop, self._part_starts[i + 1])
             if end > pos:
-                pieces.append(self._bins[i][pos - base : end - base])
+                pieces.append(files[i][pos - base : end - base])
             pos = max(pos, end)
             i += 1
         if not pieces:
-            return np.empty(0, dtype=self.dtype)
+            return np.empty(0, dtype=dtype)
         return np.concatenate(pieces) if len(pieces) > 1 else np.asarray(pieces[0])
 
     def document(self, i: int) -> np.ndarray:
@@ -361,17 +392,18 @@ class PackedSamples:
         return np.asarray(self.pieces[first : first + count])
 
     def _row_item(self, i: int) -> dict[str, np.ndarray]:
-        ids, pos = [], []
+        ids, pos, masks = [], [], []
         for k, start, length in self.row(i).tolist():
             ids.append(self.token_splits[k].tokens(start, start + length))
+            masks.append(self.token_splits[k].loss_mask_tokens(start, start + length))
             pos.append(np.arange(length, dtype=np.int64))
         used = sum(len(x) for x in ids)
         pad = self.seq_len - used
         store = self.stores[int(self.samples[i, 0])]
         ids.append(np.full(pad, store.eos_id, dtype=np.int64))
         pos.append(np.arange(pad, dtype=np.int64))  # padding: a document of its own
-        mask = np.zeros(self.seq_len, dtype=np.uint8)
-        mask[:used] = 1
+        masks.append(np.zeros(pad, dtype=np.uint8))
+        mask = np.concatenate(masks)
         return {
             "input_ids": np.concatenate([x.astype(np.int64) for x in ids]),
             "position_ids": np.concatenate(pos),
@@ -384,4 +416,7 @@ class PackedSamples:
         k, start, length = self.window(i)
         tokens = self.token_splits[k]
         ids = tokens.tokens(start, start + length).astype(np.int64)
-        return {"input_ids": ids, "position_ids": position_ids(start, length, tokens.doc_offsets)}
+        item = {"input_ids": ids, "position_ids": position_ids(start, length, tokens.doc_offsets)}
+        if tokens.has_loss_mask:  # chat data: only assistant turns are trained on
+            item["loss_mask"] = tokens.loss_mask_tokens(start, start + length)
+        return item

@@ -164,22 +164,28 @@ class DocumentDataset:
     def __getitem__(self, i: int) -> dict[str, Any]:
         import torch
 
-        start = int(self.starts[i])
-        return {"input_ids": torch.from_numpy(self.tokens.tokens(start, start + int(self.lengths[i])).astype(np.int64))}
+        start, stop = int(self.starts[i]), int(self.starts[i]) + int(self.lengths[i])
+        item = {"input_ids": torch.from_numpy(self.tokens.tokens(start, stop).astype(np.int64))}
+        if self.tokens.has_loss_mask:  # chat data: only assistant turns are trained on
+            item["loss_mask"] = torch.from_numpy(self.tokens.loss_mask_tokens(start, stop).astype(np.int64))
+        return item
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        """Pad to the longest item rounded up to a multiple of 8; labels -100 on padding."""
+        """Pad to the longest item rounded up to a multiple of 8; labels -100 on padding (and where a
+        chat store's loss mask is 0)."""
         import torch
 
         longest = max(len(it["input_ids"]) for it in items)
         width = -(-longest // 8) * 8
         ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(items), width), dtype=torch.long)
+        trained = torch.zeros((len(items), width), dtype=torch.long)
         for row, it in enumerate(items):
             n = len(it["input_ids"])
             ids[row, :n] = it["input_ids"]
             mask[row, :n] = 1
-        labels = ids.masked_fill(mask == 0, -100)
+            trained[row, :n] = it.get("loss_mask", 1)
+        labels = ids.masked_fill(trained == 0, -100)
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 

@@ -186,13 +186,18 @@ def optimizer_step(run: Run, batches, window: Throughput):
     t, accelerator, model = run.t, run.accelerator, run.model
     loss_sum = torch.zeros((), device=accelerator.device)
     for micro in range(t.grad_accum_steps):
-        batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in next(batches).items()}
+        host = next(batches)
+        targets = has_targets(host)  # read on the host: no device sync
+        batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in host.items()}
         window.count(batch)
         # Gradients are all-reduced on the last micro-step only: the others accumulate locally.
         sync = micro == t.grad_accum_steps - 1
         with accelerator.no_sync(model) if not sync and accelerator.num_processes > 1 else contextlib.nullcontext():
             with accelerator.autocast():
-                loss = model(**batch, use_cache=False).loss / t.grad_accum_steps
+                out = model(**batch, use_cache=False)
+                # a micro-batch with no label to predict (chat windows of prompt tokens only): its mean
+                # loss is 0/0; it adds 0 and a zero gradient instead of a NaN
+                loss = (out.loss if targets else out.logits.sum() * 0.0) / t.grad_accum_steps
             accelerator.backward(loss)
         loss_sum += loss.detach()
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
@@ -200,6 +205,11 @@ def optimizer_step(run: Run, batches, window: Throughput):
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
+
+
+def has_targets(batch: dict[str, Any]) -> bool:
+    """Whether a micro-batch has a label to predict (labels shift by one: the first is never one)."""
+    return bool((batch["labels"][:, 1:] != -100).any())
 
 
 def log_step(run: Run, window: Throughput, loss_sum, grad_norm, lr: float) -> dict[str, Any]:

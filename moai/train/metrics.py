@@ -163,7 +163,10 @@ def _loss_sums(model, accelerator, data: Dataset, t: TrainConfig, pool: Sequence
         ids = [int(pool[p]) for p in at if p < len(pool)]
         if not ids:
             break
-        batch = {k: v.to(accelerator.device) for k, v in data.collate([data[i] for i in ids]).items()}
+        host = data.collate([data[i] for i in ids])
+        if not bool((host["labels"][:, 1:] != -100).any()):
+            continue  # nothing to predict (chat prompt tokens only): its loss would be NaN
+        batch = {k: v.to(accelerator.device) for k, v in host.items()}
         with accelerator.autocast():
             out = model(**batch, use_cache=False)
         total += out.loss.float() * len(ids)

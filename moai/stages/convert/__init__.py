@@ -38,6 +38,7 @@ is read, refusing what changed); this module is the stage: text from rows, and `
 
 from __future__ import annotations
 
+import json
 import logging
 import string
 import time
@@ -64,7 +65,10 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
     """What changes the output besides the source's content (which is the root of the key). It runs
     on one source's config: with several sources, each source's node has its own (`moai.sources`)."""
     assert config.source is not None
-    return config.source.model_dump(exclude={"path", "hub", "split", "subset"})
+    # text sources leave the chat settings out, so their keys stay as they were before chat data; the
+    # chat template is tokenize's (its text is in tokenize's key), so changing it re-runs tokenize only
+    chat = {"format", "messages_field"} if config.source.format == "text" else set()
+    return config.source.model_dump(exclude={"path", "hub", "split", "subset", "chat_template", *chat})
 
 
 def build(ctx, out: Path) -> dict[str, Any]:
@@ -91,10 +95,31 @@ def source_fingerprint(source: SourceConfig) -> str:
 
 
 def _text_of(row: dict[str, Any], source: SourceConfig, rows: Rows, where: str) -> str | None:
+    if source.format == "chat":
+        return _chat_text(row, source.messages_field, rows, where)
     if source.text_field is not None:
         return _field_text(row, source.text_field, rows, where)
     assert source.text_template is not None  # SourceConfig sets text_field when no template is given
     return _template_text(row, source.text_template, rows, where)
+
+
+def _chat_text(row: dict[str, Any], field: str, rows: Rows, where: str) -> str | None:
+    """A chat row's messages as JSON (what tokenize renders with the chat template), or a bad row:
+    no such field, not a non-empty list, or a message without a role and text content."""
+    if field not in row:
+        rows.bad("missing_field", where, f"no field {field!r} (source.messages_field); fields here: {sorted(row)}")
+        return None
+    messages = row[field]
+    if not isinstance(messages, list) or not messages:
+        rows.bad("not_chat", where, f"source.messages_field {field!r} holds {_kind(messages)}, not a list of messages")
+        return None
+    kept = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            rows.bad("not_chat", where, f"a message is not {{role: text, content: text}}: {_preview(m)}")
+            return None
+        kept.append({"role": m["role"], "content": m["content"]})
+    return json.dumps(kept, ensure_ascii=False)
 
 
 def _field_text(row: dict[str, Any], field: str, rows: Rows, where: str) -> str | None:

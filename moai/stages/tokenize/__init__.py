@@ -212,7 +212,13 @@ def tokenize(
 
 
 def settings(config: PipelineConfig) -> dict[str, Any]:
-    return {}  # workers, threads, batch size do not change the output; the engine is checked to give the same ids
+    """Workers, threads, batch size do not change the output; the engine is checked to give the same
+    ids. Chat data: the chat template's text (None: the tokenizer's own, in the tokenizer's key)."""
+    if config.source is None or config.source.format != "chat":
+        return {}
+    from moai.stages.tokenize.chat import load_template
+
+    return {"chat_template": load_template(config.source.chat_template)}
 
 
 def build(ctx, out: Path) -> dict[str, Any]:
@@ -220,6 +226,9 @@ def build(ctx, out: Path) -> dict[str, Any]:
 
     tok = ctx.inputs["tokenizer"]
     info = info_of(ctx.config, tok.path, tok.key)
+    source = ctx.config.source
+    if source is not None and source.format == "chat":
+        return tokenize_chat_source(ctx.config, info, ctx.path("save"), out, sharded="num_shards" in ctx.options)
     if "num_shards" in ctx.options:
         return units.merge(ctx.store, ctx.key, info, ctx.path("save"), out, ctx.options["num_shards"] or None)
     p = ctx.plan
@@ -236,6 +245,21 @@ def build(ctx, out: Path) -> dict[str, Any]:
     )
 
 
+def tokenize_chat_source(config: PipelineConfig, info: TokenizerInfo, text_dir: Path, out: Path, *, sharded: bool):
+    """`source.format: chat`: rendered with the chat template, a loss mask beside the ids (`chat`)."""
+    from moai.config import ConfigError
+    from moai.stages.tokenize.chat import load_template, tokenize_chat
+    from moai.stages.tokenizer import load_tokenizer
+
+    if sharded:
+        raise ConfigError("source.format chat is tokenized in one process: run moai prepare, not tokenize-shard units")
+    assert config.source is not None
+    template = load_template(config.source.chat_template)
+    tokenizer = load_tokenizer(info.path or info.name_or_path, info.trust_remote_code)
+    meta = {"tokenizer": info.name_or_path, "tokenizer_fingerprint": info.fingerprint}
+    return tokenize_chat(tokenizer, template, info.eos_id, info.vocab_size, meta, text_dir, out)
+
+
 def run_unit(
     config: PipelineConfig, key: str, inputs: dict[str, Any], *, shard_index: int, num_shards: int
 ) -> dict[str, Any]:
@@ -245,6 +269,10 @@ def run_unit(
     from moai.stages.tokenize import units
     from moai.store import Store
 
+    if config.source is not None and config.source.format == "chat":
+        from moai.config import ConfigError
+
+        raise ConfigError("source.format chat is tokenized in one process: run moai prepare, not tokenize-shard units")
     p = make_plan(detect(config.cache_dir, with_gpus=False), config, read_env())
     tok = inputs["tokenizer"]
     return units.run_shard(
