@@ -241,7 +241,9 @@ def test_resume_is_decided_before_data_prep_and_launch(learnable, tmp_path):
     assert res.returncode == 2 and time.monotonic() - started < 30
     assert res.stderr.strip().splitlines() == [
         f"moai: error: train.output_dir {out} holds checkpoints of a run with other settings: "
-        "train.micro_batch_size 4 in the checkpoint, 2 now; an exact resume needs the same ones: restore them, "
+        "global batch (samples per optimizer step: train.micro_batch_size x train.grad_accum_steps x ranks, ranks "
+        "being train.num_processes x train.num_machines or one per GPU) 4 in the checkpoint, 2 now; an exact resume "
+        "needs the same ones: restore them, "
         f"give train.output_dir another folder, or remove this one (rm -rf {out}) to start over"
     ]
     assert not (tmp_path / "other-cache").exists() and len(list((out / "logs").iterdir())) == 1
