@@ -98,6 +98,8 @@ def _throughput(report: dict[str, Any]) -> str:
     seconds = report.get("seconds")
     if "tokens_per_s" in report:
         return f"{_compact(report['tokens_per_s'])} tokens/s"
+    if isinstance(report.get("mb_per_s"), (int, float)):
+        return f"{report['mb_per_s']:,.1f} MB/s"
     rows = report.get("rows_in", report.get("documents"))
     if isinstance(rows, int) and isinstance(seconds, (int, float)) and seconds > 0:
         return f"{_compact(rows / seconds)} rows/s"

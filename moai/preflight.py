@@ -66,6 +66,7 @@ class Facts:
     model_setting: str = ""
     model_config: dict[str, Any] | None = None
     resume: Check | None = None
+    cleaning: dict[str, str] = field(default_factory=dict)  # cleaning stage that is on → what it will do
 
 
 def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True, resume: bool = True) -> Facts:
@@ -86,6 +87,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
                 f.local_files[setting] = (len(files), sum(p.stat().st_size for p in files))
         except MoaiError as err:
             f.errors[setting] = err if setting == "source" else type(err)(f"{setting}: {err}")
+    _cleaning_into(f)
     if config.sources is not None:
         from moai.stages.mix import budget
 
@@ -118,6 +120,38 @@ def source_settings(config: PipelineConfig) -> list[tuple[str, SourceConfig]]:
         assert config.source is not None
         return [("source", config.source)]
     return [(f"sources.{s.name}", s.source()) for s in config.sources]
+
+
+def _cleaning_into(f: Facts) -> None:
+    """Each cleaning stage that is on, with its settings resolved as its key will be (an unknown
+    quality rule, a missing decontaminate.path): failures now, not after convert and filter ran."""
+    from moai import pipeline
+    from moai.sources import source_config, source_names
+    from moai.stages import chain
+
+    names = source_names(f.config)
+    one = f.config if names is None else source_config(f.config, names[0])
+    for name, is_on in chain.CHAIN[1:]:
+        if not is_on(one):
+            continue
+        try:
+            f.cleaning[name] = _cleaning_detail(name, pipeline.stage(name).settings(one))
+        except MoaiError as err:
+            f.errors[name] = err
+
+
+def _cleaning_detail(name: str, settings: dict[str, Any]) -> str:
+    if name == "dedup":
+        near = settings.get("near")
+        parts = ["exact copies"] if settings.get("exact") else []
+        if near:
+            parts.append(f"near copies at Jaccard ≥ {near['threshold']} (MinHash {near['num_perm']})")
+        return " and ".join(parts)
+    if name == "quality":
+        return f"{len(settings['rules'])} rules; code documents: {settings['code']}"
+    if name == "language":
+        return f"keep {', '.join(settings['keep'])} at score ≥ {settings['min_score']}"
+    return f"{settings['ngram']}-grams of the evaluation texts in field(s) {settings['text_field']}"
 
 
 def _resolve_into(f: Facts, setting: str, value: str) -> None:
@@ -175,6 +209,9 @@ def evaluate(f: Facts) -> list[Check]:
     if f.train_checked and c.train is not None:
         setting = "train.init_from" if c.train.mode == "continue" else "train.model_config"
         out.append(_setting_check(f, setting, f.model_setting and _model_detail(f)))
+    for name in ("dedup", "quality", "language", "decontaminate"):
+        if name in f.cleaning or name in f.errors:
+            out.append(_setting_check(f, name, f.cleaning.get(name, "")))
     out.append(_cache_dir_check(f))
     out.extend(_space_checks(f))
     out.extend(_seq_len_checks(f))

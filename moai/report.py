@@ -27,6 +27,8 @@ def stage_table(stages: dict[str, dict[str, Any]]) -> list[str]:
         time_text = f"{seconds:.1f}s" if isinstance(seconds, (int, float)) else ""
         if not s.get("built") and time_text:
             time_text = f"(built in {time_text})"
+        elif isinstance(s.get("mb_per_s"), (int, float)):
+            time_text += f"  {s['mb_per_s']:,.1f} MB/s"
         made = []
         if isinstance(s.get("tokens"), int) and name != "pack":
             made.append(f"{s['tokens']:,} tokens")

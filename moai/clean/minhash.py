@@ -196,17 +196,29 @@ def cluster(
     alive: np.ndarray,
     *,
     verify: Callable[[int, int], bool] | None = None,
+    prefetch: Callable[[list[int]], None] | None = None,
     max_tries: int = 8,
+    chunk: int = 5_000,
 ) -> tuple[np.ndarray, dict[str, int]]:
     """The root (first document) of each document's cluster (−1 for one alone), and counts.
 
     Without `verify` every member of a band group joins the group's first document. With it, a
     member joins the first of up to `max_tries` earlier members of its group that it verifies
-    against (so one dissimilar first member does not hide a pair)."""
+    against (so one dissimilar first member does not hide a pair). `prefetch(ids)` is called
+    with the members of the next groups (about `chunk` documents) before they are verified, so
+    their n-grams can be computed in one batch."""
     uf = UnionFind()
     pairs = checked = 0
     seen: set[tuple[int, int]] = set()
-    for group in candidate_groups(bands, alive):
+    groups = candidate_groups(bands, alive)
+    fetched_to = 0
+    for g, group in enumerate(groups):
+        if verify is not None and prefetch is not None and g >= fetched_to:
+            ids: set[int] = set()
+            while fetched_to < len(groups) and len(ids) < chunk:
+                ids.update(groups[fetched_to].tolist())
+                fetched_to += 1
+            prefetch(sorted(ids))
         members = group.tolist()
         for i in range(1, len(members)):
             y = members[i]

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from moai.clean.minhash import cluster, first_copies, jaccard
-from moai.clean.ngrams import ngram_set
+from moai.clean.ngrams import ngram_set, text_ngrams
 from moai.clean.rows import Verdicts, apply_verdicts
 from moai.config import PipelineConfig
 from moai.formats.text import MappedTable
@@ -61,6 +61,7 @@ class _Texts:
         self.starts = np.cumsum([0] + [len(t) for t in self.tables])
         self.ngram = ngram
         self.cache: OrderedDict[int, set[int]] = OrderedDict()
+        self.limit = 20_000
 
     def where(self, gid: int) -> tuple[int, int]:
         s = int(np.searchsorted(self.starts, gid, side="right")) - 1
@@ -71,13 +72,28 @@ class _Texts:
         name = self.names[s]
         return f"row {row}" if name is None else f"{name} row {row}"
 
+    def prefetch(self, gids: list[int]) -> None:
+        """Compute the n-gram sets of `gids` not cached, in one batch (the Arrow kernels' cost is per call)."""
+        todo = [g for g in gids if g not in self.cache]
+        if not todo:
+            return
+        texts = []
+        for g in todo:
+            s, row = self.where(g)
+            texts.append(self.tables[s][row].as_py() or "")
+        ng = text_ngrams(texts, self.ngram)
+        for i, g in enumerate(todo):
+            self.cache[g] = set(ng.hashes[ng.offsets[i] : ng.offsets[i + 1]].tolist())
+        while len(self.cache) > max(self.limit, 2 * len(gids)):
+            self.cache.popitem(last=False)
+
     def ngrams(self, gid: int) -> set[int]:
         got = self.cache.get(gid)
         if got is None:
             s, row = self.where(gid)
             got = ngram_set(self.tables[s][row].as_py() or "", self.ngram)
             self.cache[gid] = got
-            if len(self.cache) > 20_000:
+            if len(self.cache) > self.limit:
                 self.cache.popitem(last=False)
         else:
             self.cache.move_to_end(gid)
@@ -117,14 +133,18 @@ def build(ctx, out: Path) -> dict[str, Any]:
         def verify(x: int, y: int) -> bool:
             return jaccard(texts.ngrams(x), texts.ngrams(y)) >= threshold
 
-        root, stats = cluster(bands, alive, verify=verify if cfg.near.verify else None)
+        root, stats = cluster(bands, alive, verify=verify if cfg.near.verify else None, prefetch=texts.prefetch)
         mine_root = root[offset:]
         near = (mine_root >= 0) & (mine_root != np.arange(offset, total)) & (reasons == 0)
         reasons[near] = 2
         other[near] = mine_root[near]
         if cfg.near.verify:
-            for i in np.flatnonzero(near):
-                similarity[i] = jaccard(texts.ngrams(offset + int(i)), texts.ngrams(int(other[i])))
+            found = np.flatnonzero(near)
+            for lo in range(0, len(found), 5_000):
+                part = found[lo : lo + 5_000]
+                texts.prefetch(sorted({offset + int(i) for i in part} | {int(o) for o in other[part]}))
+                for i in part:
+                    similarity[i] = jaccard(texts.ngrams(offset + int(i)), texts.ngrams(int(other[i])))
         report["near"] = {
             "bands": mh.bands,
             "rows": mh.rows,

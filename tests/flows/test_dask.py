@@ -1,5 +1,6 @@
-"""The flow with `runner: {kind: dask}` maps the tokenize units on a real Dask LocalCluster
-(2 worker processes on loopback) and publishes a token store byte-identical to a local run."""
+"""The flow with `runner: {kind: dask}` maps the dedup signature units and the tokenize units on a
+real Dask LocalCluster (2 worker processes on loopback) and publishes signatures and a token store
+byte-identical to a local run."""
 
 import contextlib
 
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("where", ["local-cluster", "scheduler-address"])
 def test_dask_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenizer_dir, where):
-    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(12_000, seed=6) * 3])
-    base = config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)})
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(36_000, seed=6)])
+    base = {**config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}), "dedup": {"near": {}}}
     local = prepare(parse_config({**base, "cache_dir": str(tmp_path / "local")}), progress=False)
 
     with contextlib.ExitStack() as stack:
@@ -37,5 +38,10 @@ def test_dask_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenize
     assert result["num_tokens"] == local["num_tokens"]
     parts = list((tmp_path / "dask" / "tokenize-parts").iterdir())
     assert len([p for p in parts if not p.name.startswith(".")]) > 4  # several parts, spread over 4 units
-    a, b = files(tmp_path / "local" / "tokenize"), files(tmp_path / "dask" / "tokenize")
-    assert a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+    for stage in ("signatures", "dedup", "tokenize"):
+        a, b = files(tmp_path / "local" / stage), files(tmp_path / "dask" / stage)
+        assert a.keys() == b.keys(), stage
+        # a text folder's state.json holds a fingerprint `datasets` makes from its work file's path
+        assert all(a[k] == b[k] for k in a if k.name != "state.json"), stage
+    dropped = local["stages"]["dedup"]["dropped"]
+    assert result["stages"]["dedup"]["dropped"] == dropped and dropped["exact_duplicate"] > 0
