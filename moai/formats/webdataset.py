@@ -50,6 +50,11 @@ def export_webdataset(
     import webdataset as wds
 
     samples = PackedSamples(pack_dir, split)
+    if samples.rows:
+        raise DataError(
+            f"{pack_dir} is a pack.mode best_fit index (rows of whole documents with padding); export-webdataset "
+            "writes concat windows only: prepare with pack.mode concat to export"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if any(out.glob("shard-*.tar")):

@@ -101,8 +101,15 @@ def test_one_source_through_the_pipeline_into_labels(tmp_path, corpus, tokenizer
         assert report["splits"][split]["samples"] == len(samples)
         assert report["splits"][split]["documents_split"] == int((np.diff(offsets) > 64).sum())
 
+    from moai.errors import DataError
+    from moai.formats.webdataset import export_webdataset
     from moai.train.data import PackedDataset
 
+    try:
+        export_webdataset(index, tmp_path / "wds")
+        raise AssertionError("a best_fit index was exported")
+    except DataError as err:
+        assert "pack.mode best_fit" in str(err) and "\n" not in str(err)
     data = PackedDataset(str(index), "train")
     for i in range(len(data)):
         item, used = data[i], int(data.samples.samples[i, 3])
