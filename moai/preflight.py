@@ -135,17 +135,21 @@ def _cleaning_into(f: Facts) -> None:
         if not is_on(one):
             continue
         try:
-            f.cleaning[name] = _cleaning_detail(name, pipeline.stage(name).settings(one))
+            f.cleaning[name] = _cleaning_detail(f, name, pipeline.stage(name).settings(one))
         except MoaiError as err:
             f.errors[name] = err
 
 
-def _cleaning_detail(name: str, settings: dict[str, Any]) -> str:
+def _cleaning_detail(f: Facts, name: str, settings: dict[str, Any]) -> str:
     if name == "dedup":
         near = settings.get("near")
         parts = ["exact copies"] if settings.get("exact") else []
         if near:
-            parts.append(f"near copies at Jaccard ≥ {near['threshold']} (MinHash {near['num_perm']})")
+            from moai.stages.signatures import hasher
+
+            mh = hasher(f.config.dedup) if f.config.dedup is not None else None
+            lsh = f", {mh.bands} bands × {mh.rows} rows" if mh is not None else ""
+            parts.append(f"near copies at Jaccard ≥ {near['threshold']} (MinHash {near['num_perm']}{lsh})")
         return " and ".join(parts)
     if name == "quality":
         return f"{len(settings['rules'])} rules; code documents: {settings['code']}"

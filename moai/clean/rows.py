@@ -147,7 +147,9 @@ def judge_rows(
 ) -> Iterator[Verdicts]:
     """The verdicts of `judge` over every row of `in_dir`, in order; in `num_proc` spawned workers
     when there is more than one task's worth of rows per process, else in this process."""
-    n = MappedTable(in_dir).table.num_rows
+    table = MappedTable(in_dir).table
+    n = table.num_rows
+    num_proc = min(num_proc, max(1, int(text_bytes(table).sum()) // MIN_BYTES_PER_WORKER))
     ranges = [(lo, min(n, lo + rows_per_task)) for lo in range(0, n, rows_per_task)]
     if num_proc <= 1 or len(ranges) < 2 * num_proc:
         _init(judge, params, str(in_dir))
@@ -172,6 +174,19 @@ def judge_rows(
             if nxt is not None:
                 window.append(pool.submit(_judge_range, *nxt))
             yield done
+
+
+# Below this much text per worker a spawned worker's start-up (~1-3 s of imports) costs more than it saves.
+MIN_BYTES_PER_WORKER = 32_000_000
+
+
+def processes(plan, text_bytes: int | None = None) -> int:
+    """Worker processes for a cleaning stage: every core the plan gives tokenize (processes × threads),
+    since the rules are Python, one core per process; fewer when there is too little text for them."""
+    cores = max(1, plan.num_proc.value * plan.threads_per_proc.value)
+    if text_bytes is None:
+        return cores
+    return max(1, min(cores, text_bytes // MIN_BYTES_PER_WORKER))
 
 
 def text_column(texts: pa.Array) -> list[str]:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from moai.clean.ngrams import ngram_hashes, normalised_words, word_hashes
-from moai.clean.rows import apply_verdicts, judge_rows
+from moai.clean.rows import apply_verdicts, judge_rows, processes
 from moai.config import DecontaminateConfig, PipelineConfig, SourceConfig
 from moai.errors import DataError
 from moai.stages.chain import before, on
@@ -160,7 +160,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
     result = apply_verdicts(
         in_dir,
         out,
-        judge_rows(in_dir, judge, index, num_proc=ctx.plan.num_proc.value),
+        judge_rows(in_dir, judge, index, num_proc=processes(ctx.plan)),
         stage=NAME,
         keep_dropped=ctx.config.keep_dropped,
         max_shard_size=ctx.config.save.max_shard_size,

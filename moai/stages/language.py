@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from moai.clean.rows import apply_verdicts, judge_rows, text_column
+from moai.clean.rows import apply_verdicts, judge_rows, processes, text_column
 from moai.config import LanguageConfig, PipelineConfig
 from moai.stages.chain import before, on
 
@@ -53,7 +53,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
     result = apply_verdicts(
         in_dir,
         out,
-        judge_rows(in_dir, judge, cfg, num_proc=ctx.plan.num_proc.value),
+        judge_rows(in_dir, judge, cfg, num_proc=processes(ctx.plan)),
         stage=NAME,
         keep_dropped=ctx.config.keep_dropped,
         max_shard_size=ctx.config.save.max_shard_size,

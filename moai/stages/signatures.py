@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from moai.clean.minhash import MinHasher, derive_bands, exact_keys
+from moai.clean.rows import processes
 from moai.config import ConfigError, DedupConfig, PipelineConfig
 from moai.formats.text import MappedTable, text_bytes
 from moai.stages.chain import before, on
@@ -120,7 +121,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
     store: Store = ctx.store
     mh = hasher(cfg)
     todo = [(i, r) for i, r in enumerate(ranges) if not store.exists(PARTS_STAGE, part_key(ctx.key, i))]
-    num_proc = min(ctx.plan.num_proc.value, len(todo))
+    num_proc = min(processes(ctx.plan, int(text_bytes(table).sum())), len(todo))
     if todo:
         log.info("signatures: %d of %d parts to compute in %d process(es)", len(todo), len(ranges), max(1, num_proc))
     args = [(str(store.root), ctx.key, i, str(text_dir), lo, hi, cfg.exact, mh) for i, (lo, hi) in todo]

@@ -240,3 +240,23 @@ def test_no_cleaning_block_keeps_the_keys_of_before(tmp_path, corpus, tokenizer_
     cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
     assert [n.name for n in pipeline.nodes(cfg)][:3] == ["convert", "filter", "save"]
     assert pipeline.node(cfg, "save").reads == ("filter",)
+
+
+@pytest.mark.slow
+def test_verdicts_in_worker_processes_are_those_of_one_process(tmp_path, monkeypatch):
+    from moai.clean import rows
+    from moai.formats.text import write_text_dataset
+    from moai.stages.decontaminate import EvalIndex, judge
+
+    rng = random.Random(7)
+    items = [" ".join(rng.choice(WORDS) for _ in range(20)) for _ in range(5)]
+    texts = [doc(rng, 50) for _ in range(900)]
+    for i in range(0, 900, 97):
+        texts[i] += " " + items[i % 5]
+    write_text_dataset([texts], tmp_path / "text", "1MB")
+    index = EvalIndex([(f"e:{i}", t) for i, t in enumerate(items)], 13)
+    monkeypatch.setattr(rows, "MIN_BYTES_PER_WORKER", 1)
+    one = list(rows.judge_rows(tmp_path / "text", judge, index, num_proc=1, rows_per_task=100))
+    two = list(rows.judge_rows(tmp_path / "text", judge, index, num_proc=2, rows_per_task=100))
+    assert [(v.lo, v.hi, v.reasons, v.details) for v in one] == [(v.lo, v.hi, v.reasons, v.details) for v in two]
+    assert sum(r is not None for v in one for r in v.reasons) == 10
