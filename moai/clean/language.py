@@ -12,7 +12,8 @@ Documents that look like code (`words.is_code`) are kept unjudged when `keep_cod
 reads code as English or as noise.
 
 fasttext-predict 0.9.2.4's `predict` on a list returns labels without probabilities, so each
-text is one `predict` call into C++ (the Python overhead is ~1 µs of a ~0.1 ms prediction).
+text is one `predict` call into C++. The model's cost grows with the text: ~0.5 ms for a 3.7 KB
+document, ~1,900 documents/s on one core of a Xeon (~1,800 with the code test, for keep_code).
 """
 
 from __future__ import annotations

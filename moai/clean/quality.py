@@ -18,7 +18,10 @@ Documents that look like code (`words.is_code`) are not judged unless asked (`co
 
 Cost: each document's lines, words and n-grams are computed once and shared by the rules (a
 `_Doc`); the work is regular expressions, `collections.Counter` and small NumPy arrays, with no
-Python loop per character. Rules run in order and stop at the first failure, cheap ones first.
+Python loop per character. Rules run in order and stop at the first failure. On one core of a
+Xeon, over Korean and English documents of 2–5 KB (3.7 KB on average) that pass every rule (the
+slowest case): gopher ~1,200 documents/s, c4 ~5,500, fineweb ~3,600, all three ~1,200; word
+segmentation is ~130 µs of a document's ~800 µs, the top 2/3/4-gram rules ~240 µs together.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def _in_ranges(ranges: list[tuple[int, int]], *, limit: int = 0x10000) -> Iterat
 
 @functools.cache
 def _patterns() -> dict[str, re.Pattern[str]]:
-    # Built on first use (~0.1 s: one `unicodedata.category` per code point of the BMP). Classes
+    # Built on first use (~50 ms: one `unicodedata.category` per code point of the BMP). Classes
     # hold BMP code points plus a few whole astral ranges: `re` tests a BMP class in one bitmap
     # look-up, while a class with many astral ranges is searched range by range (7× slower).
     punct = _char_class(cp for cp in range(0x10000) if _is_punct(cp)) + "\U0001f000-\U0001faff\U000e0000-\U000e007f"
@@ -115,16 +115,20 @@ def _patterns() -> dict[str, re.Pattern[str]]:
 # syllables (U+AC00–D7A3, with the rare blocks at U+A000–ABFF), E0 and E1 mixed blocks counted as
 # 'other' (Indic, Georgian, Ethiopic, ...) except Thai, Lao, Myanmar and Khmer, looked up when
 # present. Continuation bytes, punctuation (E2), symbols, digits and emoji (F0) count for none.
-_LEAD = bytearray(b"x" * 256)
-for _b in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\xc3\xc4\xc5\xc6\xc7\xc8\xc9":
-    _LEAD[_b] = ord("L")
-for _b in range(0xCE, 0xE2):
-    _LEAD[_b] = ord("O")
-for _b in range(0xE3, 0xEA):
-    _LEAD[_b] = ord("U")
-for _b in range(0xEA, 0xEE):
-    _LEAD[_b] = ord("H")
-_LEAD_TABLE = bytes(_LEAD)
+
+
+def _lead_table() -> bytes:
+    """A `bytes.translate` table: a UTF-8 byte to L (Latin), O (other), U (unspaced), H (Hangul) or x."""
+    table = bytearray(b"x" * 256)
+    for b in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\xc3\xc4\xc5\xc6\xc7\xc8\xc9":
+        table[b] = ord("L")
+    table[0xCE:0xE2] = b"O" * (0xE2 - 0xCE)
+    table[0xE3:0xEA] = b"U" * (0xEA - 0xE3)
+    table[0xEA:0xEE] = b"H" * (0xEE - 0xEA)
+    return bytes(table)
+
+
+_LEAD_TABLE = _lead_table()
 _UNSPACED_IN_OTHER = (
     b"\xe0\xb8",
     b"\xe0\xb9",

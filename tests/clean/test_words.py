@@ -451,6 +451,9 @@ def test_korean_word_count_is_eojeol_count():
         (EN_NEWS, "latin"),
         ("Сегодня в Москве прошёл дождь.", "other"),
         ("今日はとても良い天気ですね。", "unspaced"),
+        ("ภาษาไทยเป็นภาษาที่ไม่เว้นวรรคระหว่างคำ", "unspaced"),
+        ("हिन्दी भारत की एक भाषा है।", "other"),
+        ("Tiếng Việt là ngôn ngữ của người Việt.", "latin"),
         ("12345 !!! 678", "none"),
     ],
 )
