@@ -63,7 +63,9 @@ class DatasetWriter:
         was_on = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # a bar per written folder; the stages report their own progress
         try:
-            ds.save_to_disk(str(self.out_dir), max_shard_size=max_shard_size)
+            # With no rows, `datasets` writes no shard at all and cannot open the folder again: one empty shard.
+            shards = {"num_shards": 1} if self.rows == 0 else {"max_shard_size": max_shard_size}
+            ds.save_to_disk(str(self.out_dir), **shards)
         finally:
             if was_on:
                 datasets.enable_progress_bars()
