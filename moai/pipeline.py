@@ -416,8 +416,15 @@ def run_units(config: PipelineConfig, stage_name: str, shard_index: int, num_sha
 
 
 def tokenize_shard(config: PipelineConfig, shard_index: int, num_shards: int) -> dict[str, Any]:
-    """One unit of the tokenize stage (see `moai.stages.tokenize.units`)."""
-    return run_units(config, tokenize.NAME, shard_index, num_shards)
+    """One unit of the tokenize stage (see `moai.stages.tokenize.units`). With dedup on, the unit
+    first computes its share of the dedup signatures (reported under "signatures"): one Slurm array
+    spreads both. The stages between (the clustering, the other cleaning stages) are built once, by
+    the first unit to reach them (the others wait on the store's lock and, while a signature part is
+    still missing, compute it or wait for the unit computing it)."""
+    first = {}
+    if any(n.stage.name == signatures.NAME for n in nodes(config)):
+        first["signatures"] = run_units(config, signatures.NAME, shard_index, num_shards)
+    return run_units(config, tokenize.NAME, shard_index, num_shards) | first
 
 
 def launch_training(

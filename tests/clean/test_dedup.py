@@ -4,6 +4,7 @@ their reasons, the signature units, and evaluation texts planted in documents.""
 
 from __future__ import annotations
 
+import json
 import random
 
 import datasets
@@ -260,3 +261,20 @@ def test_verdicts_in_worker_processes_are_those_of_one_process(tmp_path, monkeyp
     two = list(rows.judge_rows(tmp_path / "text", judge, index, num_proc=2, rows_per_task=100))
     assert [(v.lo, v.hi, v.reasons, v.details) for v in one] == [(v.lo, v.hi, v.reasons, v.details) for v in two]
     assert sum(r is not None for v in one for r in v.reasons) == 10
+
+
+def test_tokenize_units_compute_the_signatures_first(tmp_path, tokenizer_dir, monkeypatch):
+    """One Slurm array (moai tokenize-shard) spreads the dedup signatures too: each unit its share."""
+    monkeypatch.setattr(signatures, "ROWS_PER_PART", 50)
+    rng = random.Random(8)
+    texts = [doc(rng, 40) for _ in range(300)]
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in texts + texts[:10]])
+    cfg = parse_config({**config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}), "dedup": {}})
+    units = [pipeline.tokenize_shard(cfg, i, 3) for i in (2, 1, 0)]
+    # Unit 2 computes its share (parts 2 and 5 of 7), then its walk reaches the clustering and computes the
+    # parts no unit has done yet (run one after another here, the other units find them all done).
+    assert [u["signatures"]["built"] for u in units] == [2, 0, 0]
+    done = pipeline.merge(cfg, 3)
+    signatures_dir = tmp_path / "cache" / "signatures" / done["stages"]["signatures"]["key"]
+    assert json.loads((signatures_dir / "_manifest.json").read_text())["report"]["parts_computed_here"] == 5
+    assert done["stages"]["dedup"]["dropped"] == {"exact_duplicate": 10}
