@@ -90,7 +90,7 @@ def _prepare_cmd(args: argparse.Namespace) -> int:
 
     config = resolve_config(args.config)
     require(config, resume=False)  # the model is checked against the data settings; output_dir is not
-    result = prepare(config, progress=not args.no_progress)
+    result = prepare(config, progress=not args.no_progress and sys.stderr.isatty())
     _print_stages(result)
     print(json.dumps(result))
     return 0
@@ -125,7 +125,7 @@ def _train_cmd(args: argparse.Namespace) -> int:
         print(f"moai: {decided.detail}", file=sys.stderr)
         return 0
     require(config, resume=False)  # output_dir was just decided, with the GPUs known
-    prepared = prepare(config, progress=not args.no_progress)
+    prepared = prepare(config, progress=not args.no_progress and sys.stderr.isatty())
     _print_stages(prepared)
 
     def show(line: str) -> None:  # metrics and the ranks' log records; everything is in the log file
@@ -467,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     # temporary folder, a launch takes its process group down; then one line, exit 130 or 143.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_signal)
-    if getattr(args, "no_progress", False):
+    # Bars are for a terminal: a job log (Slurm, a redirect) gets none, whatever the command.
+    if getattr(args, "no_progress", False) or not sys.stderr.isatty():
         _quiet_progress()
     try:
         return args.func(args)
