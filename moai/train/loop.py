@@ -4,8 +4,8 @@
 optimizer), resume, run the steps, finish; each is a named function here or in the sibling
 modules. Speed: bf16 autocast on GPU, TF32, SDPA or flex_attention, optional torch.compile, fused
 AdamW on CUDA, gradient accumulation (no gradient sync but on the last micro-step), gradient
-clipping. Costs per step: grad_accum_steps forward and backward passes and one gradient
-all-reduce; a log line adds two scalar all-reduces, an eval `eval_batches` forward passes, a
+clipping. Costs per step: grad_accum_steps forward and backward passes, one gradient all-reduce
+and one scalar all-reduce (the global batch's label count, see `optimizer_step`); a log line adds two scalar all-reduces, an eval `eval_batches` forward passes, a
 checkpoint the writes described in `checkpoint`.
 """
 
@@ -179,25 +179,34 @@ def run_steps(run: Run, loader, stop_at: int) -> dict[str, Any]:
 
 
 def optimizer_step(run: Run, batches, window: Throughput):
-    """One optimizer step over grad_accum_steps micro-batches; return (the summed loss, the
-    gradient norm before clipping), both still on the device."""
+    """One optimizer step over grad_accum_steps micro-batches; return (the loss, the gradient norm
+    before clipping), both still on the device.
+
+    The loss is the mean over every label of the global batch, whatever its split into ranks and
+    micro-batches: each micro-batch's summed loss is divided by the global batch's label count over
+    the ranks (DDP averages gradients over ranks). A step therefore does the same with 2 ranks x 1
+    micro-batch as with 1 rank x 2, or 4 micro-batches of 2 samples as 2 of 4, even when rows hold
+    different numbers of labels (best_fit padding, chat loss masks); a mean per micro-batch would
+    weigh their tokens differently. Cost: the step's micro-batches are read before the first
+    forward, and one scalar all-reduce (no host sync)."""
     import torch
 
     t, accelerator, model = run.t, run.accelerator, run.model
+    world = accelerator.num_processes
+    hosts = [next(batches) for _ in range(t.grad_accum_steps)]
+    local = torch.tensor(sum(label_count(h) for h in hosts), device=accelerator.device)
+    total = accelerator.reduce(local, "sum") if world > 1 else local
+    # a global batch with no label at all (chat prompts only): every loss is 0, not 0/0
+    per_rank = total.clamp(min=1).to(torch.float32) / world
     loss_sum = torch.zeros((), device=accelerator.device)
-    for micro in range(t.grad_accum_steps):
-        host = next(batches)
-        targets = has_targets(host)  # read on the host: no device sync
+    for micro, host in enumerate(hosts):
         batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in host.items()}
         window.count(batch)
         # Gradients are all-reduced on the last micro-step only: the others accumulate locally.
         sync = micro == t.grad_accum_steps - 1
-        with accelerator.no_sync(model) if not sync and accelerator.num_processes > 1 else contextlib.nullcontext():
+        with accelerator.no_sync(model) if not sync and world > 1 else contextlib.nullcontext():
             with accelerator.autocast():
-                out = model(**batch, use_cache=False)
-                # a micro-batch with no label to predict (chat windows of prompt tokens only): its mean
-                # loss is 0/0; it adds 0 and a zero gradient instead of a NaN
-                loss = (out.loss if targets else out.logits.sum() * 0.0) / t.grad_accum_steps
+                loss = model(**batch, use_cache=False, num_items_in_batch=per_rank).loss
             accelerator.backward(loss)
         loss_sum += loss.detach()
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
@@ -207,9 +216,9 @@ def optimizer_step(run: Run, batches, window: Throughput):
     return loss_sum, grad_norm
 
 
-def has_targets(batch: dict[str, Any]) -> bool:
-    """Whether a micro-batch has a label to predict (labels shift by one: the first is never one)."""
-    return bool((batch["labels"][:, 1:] != -100).any())
+def label_count(batch: dict[str, Any]) -> int:
+    """How many labels a micro-batch predicts (labels shift by one: the first of a row is never one)."""
+    return int((batch["labels"][:, 1:] != -100).sum())
 
 
 def log_step(run: Run, window: Throughput, loss_sum, grad_norm, lr: float) -> dict[str, Any]:

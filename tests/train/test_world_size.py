@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from moai.config import ConfigError, parse_config
 from test_run import config, learnable, losses, moai_train  # noqa: F401  (learnable: the corpus fixture)
 
@@ -53,3 +54,33 @@ def test_two_ranks_then_one_with_doubled_accumulation_matches_one_rank(learnable
         resume_plan(cfg)
     assert np.isfinite(list(b.values())).all()
 
+
+
+def test_chat_best_fit_rows_resume_with_another_micro_batch_split(learnable, tmp_path):
+    """Rows with different numbers of labels (chat loss masks, best_fit padding): 2 ranks x 2
+    samples, then 1 rank x 1 sample x 4 micro-batches, against 1 rank x 4 samples: the loss is the
+    mean over the global batch's labels, so the split does not weigh tokens differently."""
+    root, _, _ = learnable
+    examples = ROOT / "examples"
+
+    def chat(out, **train):
+        cfg = config(root, examples / "chat" / "conversations.jsonl", examples / "tokenizer", out, **train)
+        cfg["source"] = {
+            "path": str(examples / "chat" / "conversations.jsonl"),
+            "format": "chat",
+            "chat_template": str(examples / "chat" / "template.jinja"),
+        }
+        cfg["pack"] = {"seq_len": 128, "mode": "best_fit"}
+        cfg["split"] = {"val_fraction": 0.1}
+        return cfg
+
+    whole, moved = tmp_path / "whole", tmp_path / "moved"
+    common = {"max_steps": 8, "save_every": 4}
+    moai_train(chat(whole, num_processes=1, micro_batch_size=4, **common), tmp_path)
+    moai_train(chat(moved, num_processes=2, micro_batch_size=2, stop_after_steps=4, **common), tmp_path)
+    moai_train(chat(moved, num_processes=1, micro_batch_size=1, grad_accum_steps=4, **common), tmp_path)
+    a, b = losses(whole), losses(moved)
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    diffs = {s: abs(a[s] - b[s]) for s in a}
+    print("chat best_fit loss differences per step:", json.dumps(diffs))
+    assert max(diffs.values()) < 1e-3, diffs
