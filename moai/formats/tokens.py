@@ -326,7 +326,9 @@ class PackedSamples:
             raise CacheError.damaged(self.path, f"{file.name} cannot be opened ({err})", what="sample index") from None
         if pieces.dtype != np.int64 or pieces.ndim != 2 or pieces.shape[1] != 3:
             raise CacheError.damaged(
-                self.path, f"{file.name} holds {pieces.dtype} {pieces.shape}, expected int64 (n, 3)", what="sample index"
+                self.path,
+                f"{file.name} holds {pieces.dtype} {pieces.shape}, expected int64 (n, 3)",
+                what="sample index",
             )
         if len(pieces):
             ids, starts, lengths = pieces[:, 0], pieces[:, 1], pieces[:, 2]
@@ -335,7 +337,9 @@ class PackedSamples:
                     self.path, f"{file.name} has a negative start or a piece not in 1..seq_len", what="sample index"
                 )
             if int(ids.min()) < 0 or int(ids.max()) >= len(self.source_names):
-                raise CacheError.damaged(self.path, f"{file.name} has source indices outside the sources", what="sample index")
+                raise CacheError.damaged(
+                    self.path, f"{file.name} has source indices outside the sources", what="sample index"
+                )
             for k in range(len(self.source_names)):
                 mine = (starts + lengths)[ids == k]
                 if len(mine):
@@ -353,7 +357,9 @@ class PackedSamples:
             or int(tokens.max()) > self.seq_len
         ):
             raise CacheError.damaged(
-                self.path, f"{file.name} has rows outside {len(self.pieces)} pieces or over seq_len", what="sample index"
+                self.path,
+                f"{file.name} has rows outside {len(self.pieces)} pieces or over seq_len",
+                what="sample index",
             )
         return rows
 

@@ -1,9 +1,9 @@
 """pack: a sample index of `seq_len` samples over the token store (see `moai.formats.tokens`).
 
-`pack.mode: concat` (the default), concatenate-and-chunk: the split's documents, each ending in EOS, form one stream cut into
-consecutive `seq_len` windows. Every token lands in exactly one window, no padding is needed,
-and the cost is that documents crossing a window edge are split (20–35% of them at 2k–4k for
-typical length distributions); `position_ids` restart at every document start so attention
+`pack.mode: concat` (the default), concatenate-and-chunk: the split's documents, each ending in
+EOS, form one stream cut into consecutive `seq_len` windows. Every token lands in exactly one
+window, no padding is needed, and the cost is that documents crossing a window edge are split
+(20–35% of them at 2k–4k for typical length distributions); `position_ids` restart at every document start so attention
 never crosses a boundary. With `drop_remainder` the last, shorter window is left out and
 reported. The index is a pure function of (document offsets, seq_len).
 

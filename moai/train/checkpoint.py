@@ -83,10 +83,10 @@ IDENTITY_SETTINGS = {
 def with_global_batch(saved: dict[str, Any]) -> dict[str, Any]:
     """A run identity written before "global_batch" was (it had the split: micro-batch, accumulation
     and world size) gets it from them."""
-    parts = [saved.get(k) for k in ("micro_batch_size", "grad_accum_steps", "world_size")]
-    if "global_batch" in saved or any(p is None for p in parts):
+    mb, accum, world = (saved.get(k) for k in ("micro_batch_size", "grad_accum_steps", "world_size"))
+    if "global_batch" in saved or not (isinstance(mb, int) and isinstance(accum, int) and isinstance(world, int)):
         return saved
-    return {**saved, "global_batch": parts[0] * parts[1] * parts[2]}
+    return {**saved, "global_batch": mb * accum * world}
 
 
 def identity_mismatch(output_dir: Path, saved: dict[str, Any], now: dict[str, Any]) -> ConfigError | None:

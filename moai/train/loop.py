@@ -5,8 +5,9 @@ optimizer), resume, run the steps, finish; each is a named function here or in t
 modules. Speed: bf16 autocast on GPU, TF32, SDPA or flex_attention, optional torch.compile, fused
 AdamW on CUDA, gradient accumulation (no gradient sync but on the last micro-step), gradient
 clipping. Costs per step: grad_accum_steps forward and backward passes, one gradient all-reduce
-and one scalar all-reduce (the global batch's label count, see `optimizer_step`); a log line adds two scalar all-reduces, an eval `eval_batches` forward passes, a
-checkpoint the writes described in `checkpoint`.
+and one scalar all-reduce (the global batch's label count, see `optimizer_step`); a log line adds
+two scalar all-reduces, an eval `eval_batches` forward passes, a checkpoint the writes described
+in `checkpoint`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ pipeline (one source, and several through the mix stage) and into training label
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def test_one_source_through_the_pipeline_into_labels(tmp_path, corpus, tokenizer
         samples = PackedSamples(index, split)
         check_rows(samples, [store], split)
         offsets = store.split(split).doc_offsets
-        whole = {(int(a), int(b - a)) for a, b in zip(offsets[:-1], offsets[1:], strict=True) if b - a <= 64}
+        whole = {(int(a), int(b - a)) for a, b in itertools.pairwise(offsets) if b - a <= 64}
         pieces = {(int(s), int(n)) for _, s, n in samples.pieces.tolist()}
         assert whole <= pieces  # documents up to seq_len are whole
         assert report["splits"][split]["samples"] == len(samples)

@@ -36,7 +36,14 @@ NO_END_TEMPLATE = (
     "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
 )
 
-BITS = ["한국어로 답합니다.", "def f(x):\n    return x * 2\n", "emoji 🙂🚀", "  spaced  out  ", "Line one\nLine two", "42"]
+BITS = [
+    "한국어로 답합니다.",
+    "def f(x):\n    return x * 2\n",
+    "emoji 🙂🚀",
+    "  spaced  out  ",
+    "Line one\nLine two",
+    "42",
+]
 
 
 def conversations(n: int, seed: int = 0) -> list[dict]:
@@ -83,7 +90,9 @@ def test_masked_tokens_decode_to_exactly_the_assistant_turns(tmp_path, qwen, cac
     store = TokenStore(out["token_store"])
     assert store.meta["loss_mask"] is True
     # each conversation rendered once by transformers itself: the document's text finds its messages
-    by_text = {tok.apply_chat_template(r["messages"], chat_template=QWEN_TEMPLATE, tokenize=False): r["messages"] for r in rows}
+    by_text = {
+        tok.apply_chat_template(r["messages"], chat_template=QWEN_TEMPLATE, tokenize=False): r["messages"] for r in rows
+    }
     seen = 0
     for split in ("train", "validation"):
         tokens = store.split(split)
@@ -128,10 +137,12 @@ def test_training_labels_follow_the_mask(tmp_path, qwen, cache, mode):
 def test_a_template_that_cannot_mark_assistant_turns_is_refused_before_tokenizing(tmp_path, qwen, cache):
     corpus = write_jsonl(tmp_path / "chat.jsonl", conversations(20))
     before = sorted(cache.glob("tokenize/*/tokens.json"))
-    with pytest.raises(ConfigError, match="source.chat_template cannot mark assistant turns: .* no special token"):
+    with pytest.raises(ConfigError, match=r"source\.chat_template cannot mark assistant turns: .* no special token"):
         prepare(parse_config(chat_config(cache, corpus, qwen, NO_END_TEMPLATE)), progress=False)
     # a template that drops assistant content
-    drops = QWEN_TEMPLATE.replace("message['content']", "(message['content'] if message['role'] != 'assistant' else 'ok')")
+    drops = QWEN_TEMPLATE.replace(
+        "message['content']", "(message['content'] if message['role'] != 'assistant' else 'ok')"
+    )
     with pytest.raises(ConfigError, match="cannot mark assistant turns"):
         prepare(parse_config(chat_config(cache, corpus, qwen, drops)), progress=False)
     # the tokenizer has no template of its own and the config gives none
@@ -149,11 +160,17 @@ def test_a_row_without_messages_is_a_bad_row(tmp_path, tokenizer_dir):
 @pytest.mark.slow
 def test_the_chat_example_prepares(tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    cfg = parse_config(json.loads(json.dumps(__import__("yaml").safe_load((ROOT / "examples" / "chat.yaml").read_text()))))
+    cfg = parse_config(
+        json.loads(json.dumps(__import__("yaml").safe_load((ROOT / "examples" / "chat.yaml").read_text())))
+    )
     assert cfg.source is not None and cfg.source.format == "chat"
     res = subprocess.run(
         [PYTHON, "-m", "moai.cli", "prepare", "examples/chat.yaml", "--no-progress"],
-        capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=300,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=300,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])

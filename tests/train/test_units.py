@@ -387,7 +387,11 @@ def test_resume_plan_decides_fresh_resume_and_finished_from_small_files(tmp_path
 @pytest.mark.parametrize(
     ("train", "kwargs", "names"),
     [
-        ({"micro_batch_size": 4}, {}, ["global batch (samples per optimizer step: train.micro_batch_size", "16 in the checkpoint, 8 now"]),
+        (
+            {"micro_batch_size": 4},
+            {},
+            ["global batch (samples per optimizer step: train.micro_batch_size", "16 in the checkpoint, 8 now"],
+        ),
         ({"seed": 3, "max_steps": 20}, {}, ["train.seed 0 in the checkpoint, 3 now", "train.max_steps"]),
         ({"num_processes": 1}, {}, ["global batch", "ranks being train.num_processes", "16 in the checkpoint, 8 now"]),
         ({"num_processes": None}, {"num_gpus": 4}, ["global batch", "16 in the checkpoint, 32 now"]),

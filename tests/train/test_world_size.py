@@ -6,10 +6,10 @@ import json
 
 import numpy as np
 import pytest
+from test_run import config, learnable, losses, moai_train  # noqa: F401  (learnable: the corpus fixture)
 
 from conftest import ROOT
 from moai.config import ConfigError, parse_config
-from test_run import config, learnable, losses, moai_train  # noqa: F401  (learnable: the corpus fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_every_split_of_a_global_batch_reads_the_same_samples_each_step(a, b):
         assert step_samples(3, 100, step, *a) == step_samples(3, 100, step, *b)
 
 
-def test_two_ranks_then_one_with_doubled_accumulation_matches_one_rank(learnable, tmp_path):
+def test_two_ranks_then_one_with_doubled_accumulation_matches_one_rank(learnable, tmp_path):  # noqa: F811
     root, corpus, tok = learnable
     whole, moved = tmp_path / "whole", tmp_path / "moved"
     common = {"max_steps": 12, "save_every": 3, "micro_batch_size": 4}
@@ -55,8 +55,7 @@ def test_two_ranks_then_one_with_doubled_accumulation_matches_one_rank(learnable
     assert np.isfinite(list(b.values())).all()
 
 
-
-def test_chat_best_fit_rows_resume_with_another_micro_batch_split(learnable, tmp_path):
+def test_chat_best_fit_rows_resume_with_another_micro_batch_split(learnable, tmp_path):  # noqa: F811
     """Rows with different numbers of labels (chat loss masks, best_fit padding): 2 ranks x 2
     samples, then 1 rank x 1 sample x 4 micro-batches, against 1 rank x 4 samples: the loss is the
     mean over the global batch's labels, so the split does not weigh tokens differently."""

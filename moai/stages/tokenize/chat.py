@@ -82,7 +82,9 @@ class ChatTokenizer:
             messages, chat_template=self.template, tokenize=False, add_generation_prompt=generation
         )
 
-    def encode(self, messages: list[dict[str, Any]], where: str = "the probe conversation") -> tuple[list[int], list[int]]:
+    def encode(
+        self, messages: list[dict[str, Any]], where: str = "the probe conversation"
+    ) -> tuple[list[int], list[int]]:
         """(ids, mask) of one conversation, EOS appended (mask 0); raises `ValueError` saying which rule broke."""
         full = self.render(messages)
         enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
@@ -178,7 +180,9 @@ def messages_of(text: str, where: str) -> list[dict[str, Any]]:
     return messages
 
 
-def tokenize_chat(tokenizer, template: str | None, eos_id: int, vocab_size: int, info: dict, text_dir: Path, out_dir: Path) -> dict[str, Any]:
+def tokenize_chat(
+    tokenizer, template: str | None, eos_id: int, vocab_size: int, info: dict, text_dir: Path, out_dir: Path
+) -> dict[str, Any]:
     """Write a token store with loss masks from the saved chat text: one part per split."""
     from datasets import load_from_disk
 
