@@ -278,3 +278,34 @@ def test_tokenize_units_compute_the_signatures_first(tmp_path, tokenizer_dir, mo
     signatures_dir = tmp_path / "cache" / "signatures" / done["stages"]["signatures"]["key"]
     assert json.loads((signatures_dir / "_manifest.json").read_text())["report"]["parts_computed_here"] == 5
     assert done["stages"]["dedup"]["dropped"] == {"exact_duplicate": 10}
+
+
+@pytest.mark.slow
+def test_the_cleaning_example_prints_what_the_readme_shows(tmp_path):
+    """examples/clean.yaml from a copy of the examples: the README's lines for the cleaning stages
+    (rows in → out and dropped by reason; not the seconds)."""
+    import re
+    import shutil
+    import subprocess
+
+    from conftest import PYTHON, ROOT, subprocess_env
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    out = subprocess.run(
+        [PYTHON, "-m", "moai.cli", "prepare", "examples/clean.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+
+    def counts(lines):
+        return [" ".join(re.sub(r"\s+[\d.]+s\s+[\d.,]+ MB/s$", "", line).split()) for line in lines]
+
+    stages = ("signatures", "dedup", "quality", "language", "decontaminate")
+    printed = [line for line in out.stderr.splitlines() if line.split()[1:2] and line.split()[1] in stages]
+    readme = (ROOT / "README.md").read_text()
+    shown = [line for line in readme.splitlines() if re.match(rf"moai: ({'|'.join(stages)}) +built", line)]
+    assert len(shown) == 5 and counts(printed) == counts(shown)
