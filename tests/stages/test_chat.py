@@ -195,3 +195,23 @@ def test_the_example_template_marks_each_assistant_turn_and_a_bad_one_is_named()
         check_template(ChatTokenizer(tok, NO_END_TEMPLATE, tok.eos_token_id))
     with pytest.raises(ConfigError, match="no such file, and not a Jinja template"):
         load_template("templates/missing.jinja")
+
+
+@pytest.mark.slow
+def test_unpacked_batches_put_minus_100_where_the_mask_is_0(tmp_path, qwen, cache):
+    from moai.train.data import DocumentDataset
+
+    corpus = write_jsonl(tmp_path / "chat.jsonl", conversations(40, seed=2))
+    raw = chat_config(cache, corpus, qwen, QWEN_TEMPLATE)
+    raw["pack"]["enabled"] = False
+    out = prepare(parse_config(raw), progress=False)
+    data = DocumentDataset(out["token_store"], "train", seq_len=128, pad_id=0)
+    split = TokenStore(out["token_store"]).split("train")
+    ids = list(range(min(8, len(data))))
+    batch = data.collate([data[i] for i in ids])
+    for row, i in enumerate(ids):
+        start, n = int(data.starts[i]), int(data.lengths[i])
+        mask = split.loss_mask_tokens(start, start + n)
+        labels = batch["labels"][row].numpy()
+        assert (labels[:n][mask == 0] == -100).all() and (labels[n:] == -100).all()
+        assert (labels[:n][mask == 1] == batch["input_ids"][row, :n].numpy()[mask == 1]).all()
