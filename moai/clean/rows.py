@@ -127,6 +127,32 @@ def apply_verdicts(
     }
 
 
+def judged_stage(ctx, out: Path, stage: str, judge: Judge, params: Any, *, fix: str) -> dict[str, Any]:
+    """The build of a stage that judges rows one batch at a time (quality, language, decontaminate):
+    its input is the chain's stage before it, judged in the plan's processes; returns the report."""
+    from moai.stages.chain import before
+
+    started = time.perf_counter()
+    in_dir = ctx.path(before(ctx.config, stage))
+    result = apply_verdicts(
+        in_dir,
+        out,
+        judge_rows(in_dir, judge, params, num_proc=processes(ctx.plan)),
+        stage=stage,
+        keep_dropped=ctx.config.keep_dropped,
+        max_shard_size=ctx.config.save.max_shard_size,
+        fix=fix,
+        on_progress=ctx.on_progress,
+    )
+    return {**result, **timing(result["mb_in"], started)}
+
+
+def timing(mb: float, started: float) -> dict[str, Any]:
+    """seconds since `started` and the MB/s they make of `mb`."""
+    seconds = time.perf_counter() - started
+    return {"seconds": round(seconds, 3), "mb_per_s": round(mb / seconds, 2) if seconds > 0 else None}
+
+
 # --- computing verdicts in worker processes ---------------------------------------------------
 
 _worker: dict[str, Any] = {}

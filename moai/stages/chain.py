@@ -26,3 +26,9 @@ def before(config: PipelineConfig, name: str) -> str:
     names = [n for n, _ in CHAIN]
     upto = names.index(name) if name in names else len(names)
     return [n for n, is_on in CHAIN[:upto] if is_on(config)][-1]
+
+
+def declare(name: str) -> tuple[Callable[[PipelineConfig], bool], Callable[[PipelineConfig], tuple[str, ...]]]:
+    """A cleaning stage's `enabled` and `reads` (moai.pipeline): on with its block, reading the
+    stage of the chain before it."""
+    return (lambda config: on(config, name)), (lambda config: (before(config, name),))

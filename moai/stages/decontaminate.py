@@ -12,7 +12,6 @@ n-gram); shorter ones would match ordinary prose and are left out and counted. A
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +19,17 @@ import numpy as np
 import pyarrow as pa
 
 from moai.clean.ngrams import ngram_hashes, normalised_words, word_hashes
-from moai.clean.rows import apply_verdicts, judge_rows, processes
+from moai.clean.rows import judged_stage
 from moai.config import DecontaminateConfig, PipelineConfig, SourceConfig
 from moai.errors import DataError
-from moai.stages.chain import before, on
+from moai.stages.chain import declare
 
 log = logging.getLogger(__name__)
 
 NAME = "decontaminate"
 VERSION = 1
 MIN_WORDS = 5
-
-
-def enabled(config: PipelineConfig) -> bool:
-    return on(config, NAME)
-
-
-def reads(config: PipelineConfig) -> tuple[str, ...]:
-    return (before(config, NAME),)
+enabled, reads = declare(NAME)
 
 
 def _fields(cfg: DecontaminateConfig) -> list[str]:
@@ -144,7 +136,6 @@ def judge(texts: pa.Array, index: EvalIndex) -> tuple[list[str | None], list[str
 
 def build(ctx, out: Path) -> dict[str, Any]:
     cfg: DecontaminateConfig = ctx.config.decontaminate
-    started = time.perf_counter()
     texts = eval_texts(cfg)
     if not texts:
         raise DataError(f"decontaminate.path {cfg.path!r}: no evaluation text in field(s) {_fields(cfg)}")
@@ -156,23 +147,17 @@ def build(ctx, out: Path) -> dict[str, Any]:
         index.too_short,
         MIN_WORDS,
     )
-    in_dir = ctx.path(before(ctx.config, NAME))
-    result = apply_verdicts(
-        in_dir,
+    report = judged_stage(
+        ctx,
         out,
-        judge_rows(in_dir, judge, index, num_proc=processes(ctx.plan)),
-        stage=NAME,
-        keep_dropped=ctx.config.keep_dropped,
-        max_shard_size=ctx.config.save.max_shard_size,
+        NAME,
+        judge,
+        index,
         fix=f"check decontaminate.path {cfg.path!r} and raise decontaminate.ngram ({cfg.ngram})",
-        on_progress=ctx.on_progress,
     )
-    seconds = time.perf_counter() - started
     return {
-        **result,
+        **report,
         "eval_texts": index.items,
         "eval_ngrams": index.ngrams,
         "eval_texts_too_short": index.too_short,
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(result["mb_in"] / seconds, 2) if seconds > 0 else None,
     }

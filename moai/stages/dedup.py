@@ -26,7 +26,7 @@ import numpy as np
 
 from moai.clean.minhash import cluster, first_copies, jaccard
 from moai.clean.ngrams import ngram_set, text_ngrams
-from moai.clean.rows import Verdicts, apply_verdicts
+from moai.clean.rows import Verdicts, apply_verdicts, timing
 from moai.config import PipelineConfig
 from moai.formats.text import MappedTable
 from moai.stages.chain import before, on
@@ -44,7 +44,7 @@ def enabled(config: PipelineConfig) -> bool:
 
 
 def reads(config: PipelineConfig) -> tuple[str, ...]:
-    return (before(config, NAME), SIGNATURES)
+    return (before(config, NAME), SIGNATURES)  # and, with several sources, READS_EARLIER of the earlier ones
 
 
 def settings(config: PipelineConfig) -> dict[str, Any]:
@@ -188,9 +188,4 @@ def build(ctx, out: Path) -> dict[str, Any]:
         fix="every document is a copy of an earlier one: check the source, or turn dedup off",
         on_progress=ctx.on_progress,
     )
-    seconds = time.perf_counter() - started
-    return {**result, **report, "seconds": round(seconds, 3), "mb_per_s": _rate(result["mb_in"], seconds)}
-
-
-def _rate(mb: float, seconds: float) -> float | None:
-    return round(mb / seconds, 2) if seconds > 0 else None
+    return {**result, **report, **timing(result["mb_in"], started)}

@@ -9,26 +9,18 @@ kept whatever the model says; the report counts them.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from moai.clean.rows import apply_verdicts, judge_rows, processes, text_column
+from moai.clean.rows import judged_stage, text_column
 from moai.config import LanguageConfig, PipelineConfig
-from moai.stages.chain import before, on
+from moai.stages.chain import declare
 
 NAME = "language"
 VERSION = 1
-
-
-def enabled(config: PipelineConfig) -> bool:
-    return on(config, NAME)
-
-
-def reads(config: PipelineConfig) -> tuple[str, ...]:
-    return (before(config, NAME),)
+enabled, reads = declare(NAME)
 
 
 def settings(config: PipelineConfig) -> dict[str, Any]:
@@ -48,21 +40,11 @@ def judge(texts: pa.Array, cfg: LanguageConfig) -> tuple[list[str | None], None,
 
 def build(ctx, out: Path) -> dict[str, Any]:
     cfg: LanguageConfig = ctx.config.language
-    started = time.perf_counter()
-    in_dir = ctx.path(before(ctx.config, NAME))
-    result = apply_verdicts(
-        in_dir,
+    return judged_stage(
+        ctx,
         out,
-        judge_rows(in_dir, judge, cfg, num_proc=processes(ctx.plan)),
-        stage=NAME,
-        keep_dropped=ctx.config.keep_dropped,
-        max_shard_size=ctx.config.save.max_shard_size,
+        NAME,
+        judge,
+        cfg,
         fix=f"check language.keep {cfg.keep} (ISO 639-1 codes) and lower language.min_score ({cfg.min_score})",
-        on_progress=ctx.on_progress,
     )
-    seconds = time.perf_counter() - started
-    return {
-        **result,
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(result["mb_in"] / seconds, 2) if seconds else None,
-    }

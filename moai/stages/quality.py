@@ -7,26 +7,18 @@ the first rule it fails (`gopher:word_count`, `c4:lorem_ipsum`, ...). With `qual
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from moai.clean.rows import apply_verdicts, judge_rows, processes, text_column
+from moai.clean.rows import judged_stage, text_column
 from moai.config import PipelineConfig, QualityConfig
-from moai.stages.chain import before, on
+from moai.stages.chain import declare
 
 NAME = "quality"
 VERSION = 1
-
-
-def enabled(config: PipelineConfig) -> bool:
-    return on(config, NAME)
-
-
-def reads(config: PipelineConfig) -> tuple[str, ...]:
-    return (before(config, NAME),)
+enabled, reads = declare(NAME)
 
 
 def settings(config: PipelineConfig) -> dict[str, Any]:
@@ -50,21 +42,11 @@ def build(ctx, out: Path) -> dict[str, Any]:
     from moai.clean import quality as rules_mod
 
     cfg: QualityConfig = ctx.config.quality
-    started = time.perf_counter()
-    in_dir = ctx.path(before(ctx.config, NAME))
-    result = apply_verdicts(
-        in_dir,
+    return judged_stage(
+        ctx,
         out,
-        judge_rows(in_dir, judge, (rules_mod.resolve(cfg), cfg.code), num_proc=processes(ctx.plan)),
-        stage=NAME,
-        keep_dropped=ctx.config.keep_dropped,
-        max_shard_size=ctx.config.save.max_shard_size,
+        NAME,
+        judge,
+        (rules_mod.resolve(cfg), cfg.code),
         fix="relax quality.thresholds for the rules named, or choose other quality.rules",
-        on_progress=ctx.on_progress,
     )
-    seconds = time.perf_counter() - started
-    return {
-        **result,
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(result["mb_in"] / seconds, 2) if seconds else None,
-    }
