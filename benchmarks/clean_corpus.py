@@ -13,7 +13,7 @@ The documents are built from word lists and sentence templates, so nothing is do
   sentences, 100–2,000 words (log-normal, median ~350);
 - code: Python, JavaScript and C files of 4–30 functions, comments in Korean in about a third;
 - other languages (kind `other`, a few percent): Japanese, Chinese, German, French, Spanish and
-  Russian documents of 8–40 sentences from a bank of real sentences per language;
+  Russian documents of 5–12 distinct sentences from a bank of 15 real sentences per language;
 - low quality (kind `low`): keyword spam, navigation menus, lorem ipsum, one line repeated, symbol
   soup;
 - exact duplicates (kind `exact_dup`, `original` = the line copied, always an earlier line):
@@ -508,12 +508,13 @@ OTHER = {
 
 
 def other_language(rng: random.Random) -> tuple[str, str]:
+    """5–12 distinct sentences of one language's bank in a random order (a sentence repeated inside
+    a document would make it fail the quality rules' repetition checks before language ID)."""
     lang = rng.choice(sorted(OTHER))
-    bank = OTHER[lang]
+    sentences = rng.sample(OTHER[lang], rng.randint(5, min(12, len(OTHER[lang]))))
     sep = "" if lang in ("ja", "zh") else " "
-    paragraphs = []
-    for _ in range(rng.randint(2, 6)):
-        paragraphs.append(sep.join(rng.choice(bank) for _ in range(rng.randint(4, 8))))
+    cuts = sorted(rng.sample(range(1, len(sentences)), rng.randint(0, 2)))
+    paragraphs = [sep.join(sentences[a:b]) for a, b in zip([0, *cuts], [*cuts, len(sentences)], strict=True)]
     return lang, "\n\n".join(paragraphs) + "\n"
 
 
