@@ -215,3 +215,20 @@ def test_unpacked_batches_put_minus_100_where_the_mask_is_0(tmp_path, qwen, cach
         labels = batch["labels"][row].numpy()
         assert (labels[:n][mask == 0] == -100).all() and (labels[n:] == -100).all()
         assert (labels[:n][mask == 1] == batch["input_ids"][row, :n].numpy()[mask == 1]).all()
+
+
+def test_a_template_that_trims_content_and_spaces_it_marks_the_content_as_rendered():
+    from transformers import AutoTokenizer
+
+    from moai.stages.tokenize.chat import ChatTokenizer, check_template
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "examples" / "tokenizer")
+    llama2ish = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] | trim + ' [/INST]' }}"
+        "{% elif m['role'] == 'assistant' %}{{ ' ' + m['content'] | trim + '<|endoftext|>' }}"
+        "{% else %}{{ '<<SYS>>' + m['content'] + '<</SYS>>' }}{% endif %}{% endfor %}"
+    )
+    chat = ChatTokenizer(tok, llama2ish, tok.eos_token_id)
+    check_template(chat)
+    ids, mask = chat.encode([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  hello there  "}])
+    assert [tok.decode(r) for r in masked_runs(ids, mask)] == ["hello there<|endoftext|>"]

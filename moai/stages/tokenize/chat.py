@@ -10,8 +10,8 @@ that tag, and without it gives an all-zero or, in some wrappers, all-ones mask):
 - Q = render(messages[:i + 1]) — the same with turn i: P must be a prefix of Q, Q of the whole
   conversation, and the turn's content must start where P ends (whitespace the template adds
   between them aside);
-- the turn is the text from the end of P to the end of the content, plus the template's
-  end-of-turn token: the first special token after the content, inside Q.
+- the turn is its content (as the template renders it: trimmed if the template trims it) plus
+  the template's end-of-turn token: the first special token after the content, inside Q.
 
 The whole conversation is tokenized once with offsets (`add_special_tokens=False`: templates
 write their own BOS), and a token is in the mask when its characters overlap a turn. EOS is
@@ -101,6 +101,9 @@ class ChatTokenizer:
                 )
             content = m["content"]
             at = upto.find(content, len(before)) if content else len(before)
+            if at < 0 and content.strip():  # templates that trim content (Llama 3's `| trim`)
+                content = content.strip()
+                at = upto.find(content, len(before))
             if at < 0 or upto[len(before) : at].strip():
                 raise ValueError(
                     f"{where}: assistant turn {i}'s content is not where the generation prompt ends: "
@@ -120,7 +123,7 @@ class ChatTokenizer:
                     f"{where}: assistant turn {i} ends with no special token (an end-of-turn token such as "
                     "<|im_end|> or </s>)"
                 )
-            spans.append((len(before), offsets[eot][1]))
+            spans.append((at, offsets[eot][1]))  # whitespace the template puts before the content is not trained
         if not spans:
             return [*ids, self.eos_id], [0] * (len(ids) + 1)
         starts = np.array([a for a, _ in offsets])
@@ -147,7 +150,7 @@ def check_template(chat: ChatTokenizer) -> None:
         runs = masked_runs(ids, mask)
         texts = [chat.tok.decode(r) for r in runs]
         wanted = [m["content"] for m in probe if m["role"] == "assistant"]
-        if len(texts) != len(wanted) or any(not t.startswith(w) for t, w in zip(texts, wanted, strict=False)):
+        if len(texts) != len(wanted) or any(not t.lstrip().startswith(w) for t, w in zip(texts, wanted, strict=False)):
             raise ConfigError(
                 f"source.chat_template cannot mark assistant turns: the masked tokens decode to {texts!r}, "
                 f"not the assistant turns {wanted!r}"
