@@ -40,9 +40,20 @@ def test_everything_filtered_out_names_counts_settings_and_fix(tmp_path, texts, 
 
 
 def test_an_empty_convert_output_from_an_older_moai_is_named(tmp_path):
-    # convert no longer publishes an empty output, but an older moai did; datasets cannot open one
+    # convert no longer publishes an empty output, but an older moai did, as a folder without any
+    # shard (today's writer gives an empty folder one empty shard); datasets cannot open that one
     # (IndexError in load_from_disk), so every rerun failed with a traceback.
+    import json
+
+    conv = tmp_path / "conv"
+    conv.mkdir()
+    write_text_dataset([], conv, "1MB")
+    state = json.loads((conv / "state.json").read_text())
+    for entry in state["_data_files"]:
+        (conv / entry["filename"]).unlink()
+    (conv / "state.json").write_text(json.dumps({**state, "_data_files": []}))
+    (tmp_path / "filt").mkdir()
     with pytest.raises(
         DataError, match=rf"^filter: the convert output {tmp_path}/conv holds 0 documents .* remove it \(rm -rf "
     ):
-        run_filter(tmp_path, [], filter_cfg())
+        filter_text(filter_cfg(), conv, tmp_path / "filt", batch_size=4, max_shard_size="1MB")
