@@ -208,3 +208,24 @@ def test_each_of_several_sources_is_checked_by_name(tmp_path, corpus):
     with pytest.raises(DataError, match=r"^sources\.en: "):
         preflight.require(parse_config(data))
     assert not (tmp_path / "cache").exists()
+
+
+def test_cleaning_mistakes_fail_before_any_stage(tmp_path, corpus, capsys):
+    """An unknown quality rule or an evaluation path that matches nothing: one line, no stage built."""
+    cfg = write_config(tmp_path, corpus, quality={"rules": ["gopher:wordcount"]})
+    assert main(["prepare", cfg]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "unknown rule 'gopher:wordcount' (did you mean gopher:word_count?)" in line
+    cfg = write_config(tmp_path, corpus, decontaminate={"path": str(tmp_path / "evals/*.jsonl")})
+    assert main(["prepare", cfg]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("moai: error: decontaminate.path ") and "matches no files" in line
+    assert not (tmp_path / "cache").exists()
+    cfg = write_config(tmp_path, corpus, dedup={"near": {}}, language={"keep": ["ko", "en"]})
+    code, out, _ = plan_cli(cfg, capsys)
+    assert code == 0, out.err
+    assert (
+        "pass  dedup           exact copies and near copies at Jaccard ≥ 0.8 (MinHash 112, 16 bands × 7 rows)"
+        in out.out
+    )
+    assert "pass  language        keep ko, en at score ≥ 0.65" in out.out
