@@ -23,13 +23,14 @@ folder and cache each time), in interleaved rounds; the best of --repeats runs i
   default: candidates checked by exact Jaccard); and once more with `verify: false` and
   `seed: 2`: how much two runs of the same LSH with other hash functions disagree.
 
-Printed: each contender's seconds and the ratio datatrove / moai; the removed sets' sizes and
-agreement |A∩B| / |A∪B|, as each tool keeps documents (moai the first of a cluster, datatrove the
-root its union-find picks) and as if both kept the first of each cluster (datatrove's clusters
-from its .dups pairs, read after timing); and against the ground truth: recall over the copies
-(exact copies, and near copies at true Jaccard ≥ 0.8: found when the copy and its original end
-in one cluster) and precision (a removed document is right when its cluster's first document
-is its planted original, or their word 5-gram Jaccard is ≥ 0.8).
+Printed: each contender's seconds and the ratio datatrove / moai, and its CPU seconds (its
+process and finished workers: less sensitive than wall time to other work on a shared machine);
+the removed sets' sizes and agreement |A∩B| / |A∪B|, as each tool keeps documents (moai the
+first of a cluster, datatrove the root its union-find picks) and as if both kept the first of each
+cluster (datatrove's clusters from its .dups pairs, read after timing); and against the ground
+truth: recall over the copies (exact copies, and near copies at true Jaccard ≥ 0.8: found when
+the copy and its original end in one cluster) and precision (a removed document is right when its
+cluster's first document is its planted original, or their word 5-gram Jaccard is ≥ 0.8).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 import argparse
 import json
 import re
+import resource
 import shutil
 import struct
 import subprocess
@@ -64,6 +66,12 @@ def _generator():
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children (pool workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 # --- datatrove --------------------------------------------------------------------------------
@@ -132,16 +140,18 @@ def run_datatrove(corpus: Path, work: Path, workers: int, files: int, **_) -> di
             files,
         ),
     ]
-    seconds = {}
+    seconds, cpu = {}, {}
     for name, pipeline, tasks in steps:
         ex = LocalPipelineExecutor(
             pipeline, tasks=tasks, workers=min(workers, tasks), logging_dir=str(logs / name), start_method="fork"
         )
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), cpu_seconds()
         ex.run()
         seconds[name] = time.perf_counter() - started
+        cpu[name] = cpu_seconds() - cpu_started
     return {
         "seconds": seconds["signature"] + seconds["buckets"] + seconds["cluster"],
+        "cpu_seconds": cpu["signature"] + cpu["buckets"] + cpu["cluster"],
         "steps": {k: round(v, 2) for k, v in seconds.items()},
     }
 
@@ -200,7 +210,7 @@ def run_moai(corpus: Path, work: Path, workers: int, verify: bool, seed: int = 1
     started = time.perf_counter()
     before = pipeline.walk(cfg, until="filter")
     convert_seconds = time.perf_counter() - started
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), cpu_seconds()
     sig = pipeline.run_stage(cfg, "signatures", {"filter": before["filter"]}, plan=hw_plan, progress=False)
     mid = time.perf_counter()
     dedup = pipeline.run_stage(
@@ -209,6 +219,7 @@ def run_moai(corpus: Path, work: Path, workers: int, verify: bool, seed: int = 1
     done = time.perf_counter()
     return {
         "seconds": done - started,
+        "cpu_seconds": cpu_seconds() - cpu_started,
         "steps": {
             "convert+filter (not timed)": round(convert_seconds, 2),
             "signatures": round(mid - started, 2),
@@ -372,6 +383,7 @@ def main() -> None:
         "load_average_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "datatrove": {
             "seconds": round(dt["seconds"], 2),
+            "cpu_seconds": round(dt["cpu_seconds"], 2),
             "steps": dt["steps"],
             "removed": len(dt_removed),
             "removed_if_first_kept": len(dt_first_kept),
@@ -392,12 +404,14 @@ def main() -> None:
         full_root = {**{r: r for r in root.values()}, **root}
         report[k] = {
             "seconds": round(m["seconds"], 2),
+            "cpu_seconds": round(m["cpu_seconds"], 2),
             "steps": m["steps"],
             "num_proc": m["num_proc"],
             "near": m["near"],
             "removed": len(removed),
             "speedup_vs_datatrove": round(dt["seconds"] / m["seconds"], 2),
             "speedup_vs_datatrove_with_filter": round((dt["seconds"] + dt["steps"]["filter"]) / m["seconds"], 2),
+            "cpu_ratio_vs_datatrove": round(dt["cpu_seconds"] / m["cpu_seconds"], 2),
             "agreement_as_kept": agreement(removed, dt_removed),
             "agreement_first_kept": agreement(removed, dt_first_kept),
             "agreement_on_true_copies": agreement(removed & copies, dt_first_kept & copies),
