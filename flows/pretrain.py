@@ -73,7 +73,7 @@ def unit_task(config: PipelineConfig, stage: str, key: str, inputs: Inputs, inde
 @flow(name="stage-units")
 def stage_units(config: PipelineConfig, name: str, inputs: Inputs, num: int) -> list[dict]:
     """The units of node `name` (`tokenize`, `signatures`, or `tokenize[ko]` of one source) mapped
-    over the flow's task runner (Dask when configured)."""
+    over the flow's task runner (Dask or Ray when configured)."""
     key = pipeline.key_of(config, name, inputs)
     cfg, stage_inputs = pipeline.stage_inputs(config, name, inputs)
     stage = pipeline.split_name(name)[0]
@@ -92,7 +92,7 @@ def dask_runner(config: PipelineConfig, plan: Plan):
         return DaskTaskRunner(address=r.address)
     return DaskTaskRunner(
         cluster_kwargs={
-            "n_workers": dask_workers(config, plan),
+            "n_workers": unit_workers(config, plan),
             "threads_per_worker": 1,
             "processes": True,
             "host": "127.0.0.1",
@@ -101,7 +101,59 @@ def dask_runner(config: PipelineConfig, plan: Plan):
     )
 
 
-def dask_workers(config: PipelineConfig, plan: Plan) -> int:
+def ray_runner(config: PipelineConfig, plan: Plan):
+    """A RayTaskRunner connected to the configured cluster (`auto`, `ray://head:10001`), or on a
+    local Ray with one CPU per unit worker (dashboard off), shut down after the units."""
+    # Ray's usage statistics report: off unless the user turned it on (set to 1)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from prefect_ray import RayTaskRunner
+
+    address = config.runner.address
+    if address:
+        # "auto" in init_kwargs too: prefect-ray calls ray.init() without it, which starts a local
+        # Ray when no cluster is found instead of failing
+        return RayTaskRunner(address=address, init_kwargs={"address": "auto"} if address == "auto" else None)
+    return RayTaskRunner(
+        init_kwargs={"address": "local", "num_cpus": unit_workers(config, plan), "include_dashboard": False}
+    )
+
+
+@contextlib.contextmanager
+def ray_on_loopback():
+    """While it is open, a local Ray that starts listens on 127.0.0.1 only. On Linux Ray resolves a
+    node address of 127.0.0.1 to the machine's outward address and listens on every interface;
+    its single-machine mode (the one it uses on macOS and Windows) keeps the node on loopback.
+    That mode is read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when `ray` is imported and by the
+    processes `ray.init` starts, so both are set here and put back after."""
+    from ray._private import ray_constants
+
+    var = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    before, cluster = os.environ.get(var), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[var], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster
+        if before is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = before
+
+
+@contextlib.contextmanager
+def unit_runner(config: PipelineConfig, plan: Plan):
+    """The task runner the unit subflows map on (runner.kind dask or ray)."""
+    if config.runner.kind == "dask":
+        yield dask_runner(config, plan)
+    elif config.runner.address:
+        yield ray_runner(config, plan)
+    else:
+        with ray_on_loopback():
+            yield ray_runner(config, plan)
+
+
+def unit_workers(config: PipelineConfig, plan: Plan) -> int:
+    """Workers of a local Dask or Ray cluster: runner.n_workers, or one per 2 cores."""
     return config.runner.n_workers or max(1, plan.hardware.cores // 2)
 
 
@@ -158,9 +210,10 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
         fresh = not pipeline.is_published(config, name, inputs)
         options = None
         stage = pipeline.split_name(name)[0]
-        if stage in pipeline.UNIT_STAGES and fresh and config.runner.kind == "dask":
-            num = config.runner.num_shards or 4 * dask_workers(config, plan)
-            units = stage_units.with_options(task_runner=dask_runner(config, plan))(config, name, inputs, num)
+        if stage in pipeline.UNIT_STAGES and fresh and config.runner.kind != "local":
+            num = config.runner.num_shards or 4 * unit_workers(config, plan)
+            with unit_runner(config, plan) as runner:
+                units = stage_units.with_options(task_runner=runner)(config, name, inputs, num)
             log.info(
                 "%s units: %d parts built, %d reused",
                 stage,

@@ -333,14 +333,26 @@ class ResourcesConfig(_Model):
 
 
 class RunnerConfig(_Model):
-    """Where the flow runs the tokenize units: in the flow's process, or on a Dask cluster."""
+    """Where the flow runs the tokenize and dedup signature units: in the flow's process, on a
+    Dask cluster, or on Ray (`pip install 'moai[ray]'`)."""
 
-    kind: Literal["local", "dask"] = "local"
+    kind: Literal["local", "dask", "ray"] = "local"
     address: str | None = Field(
-        None, description="tcp://scheduler:8786 of an existing Dask cluster (None: a LocalCluster)."
+        None,
+        description="dask: tcp://scheduler:8786 of an existing cluster; ray: auto or ray://head:10001 "
+        "(None: a local cluster on loopback).",
     )
-    n_workers: int | None = Field(None, ge=1, description="LocalCluster workers (None: one per 2 cores).")
+    n_workers: int | None = Field(
+        None, ge=1, description="Local cluster workers (Dask processes, Ray CPUs; None: one per 2 cores)."
+    )
     num_shards: int | None = Field(None, ge=1, description="Tokenize units (None: 4 per worker).")
+
+    @model_validator(mode="after")
+    def _ray_address(self) -> RunnerConfig:
+        a = self.address
+        if self.kind == "ray" and a is not None and a != "auto" and not a.startswith("ray://") and "://" in a:
+            raise ValueError(f"runner.address {a!r} for kind ray: give auto, ray://head:10001 or head:6379")
+        return self
 
 
 class PipelineConfig(_Model):

@@ -15,13 +15,15 @@ than a data preparation and a launch:
 - the validation split is estimated from the corpus size (~`BYTES_PER_TOKEN` bytes a token): a
   split shorter than one `seq_len` window packs to 0 samples and training evaluates nothing;
 - `train.output_dir` can be resumed with these settings, or is already finished
-  (`moai.train.checkpoint.resume_plan`).
+  (`moai.train.checkpoint.resume_plan`);
+- `runner.kind ray`: Ray and prefect-ray are installed (`pip install 'moai[ray]'`).
 
 `gather` reads the facts (side effects live there), `evaluate` turns them into checks (pure).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass, field
@@ -67,6 +69,7 @@ class Facts:
     model_config: dict[str, Any] | None = None
     resume: Check | None = None
     cleaning: dict[str, str] = field(default_factory=dict)  # cleaning stage that is on → what it will do
+    runner_missing: list[str] = field(default_factory=list)  # packages runner.kind needs that are not installed
 
 
 def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True, resume: bool = True) -> Facts:
@@ -108,6 +111,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
             f.errors["train.init_from" if t.mode == "continue" else "train.model_config"] = err
         f.resume = _resume_check(config) if resume else None
     f.cache_write_error = _write_probe(Path(f.cache_dir))
+    f.runner_missing = [d for m, d in RUNNER_PACKAGES.get(config.runner.kind, {}).items() if not _installed(m)]
     f.free_gb = detect(f.cache_dir, with_gpus=False).disk_free_gb
     convert_dir = Path(f.cache_dir) / "convert"
     f.cache_has_entries = convert_dir.is_dir() and any(convert_dir.glob("*/_manifest.json"))
@@ -216,6 +220,8 @@ def evaluate(f: Facts) -> list[Check]:
     for name in ("dedup", "quality", "language", "decontaminate"):
         if name in f.cleaning or name in f.errors:
             out.append(_setting_check(f, name, f.cleaning.get(name, "")))
+    if c.runner.kind != "local":
+        out.append(_runner_check(f))
     out.append(_cache_dir_check(f))
     out.extend(_space_checks(f))
     out.extend(_seq_len_checks(f))
@@ -252,6 +258,27 @@ def _model_detail(f: Facts) -> str:
     mpe = f.model_config.get("max_position_embeddings")
     kind = f.model_config.get("model_type", "?")
     return f"{kind} model, max_position_embeddings {mpe if mpe is not None else 'not given (the default of its type)'}"
+
+
+# the optional packages a runner.kind imports (module → distribution); Dask's come with moai
+RUNNER_PACKAGES = {"ray": {"ray": "ray", "prefect_ray": "prefect-ray"}}
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None  # finds it without importing it
+
+
+def _runner_check(f: Facts) -> Check:
+    r = f.config.runner
+    if f.runner_missing:
+        fix = f"pip install 'moai[{r.kind}]'"
+        err = ConfigError(
+            f"runner.kind {r.kind} needs {' and '.join(f.runner_missing)}, not installed here: {fix} "
+            "(or runner.kind local)"
+        )
+        return Check("runner", "fail", str(err), fix, error=err)
+    where = f"the cluster at {r.address}" if r.address else "a local cluster on loopback"
+    return Check("runner", "pass", f"{r.kind}: the tokenize and dedup signature units run on {where}")
 
 
 def _cache_dir_check(f: Facts) -> Check:
