@@ -26,7 +26,8 @@ __all__ = ["ConfigError"]  # re-exported: config errors are raised here and caug
 # `default: null` (the form would fill an empty box with it and send the null). Validation is
 # unchanged, and Prefect's server check still takes an explicit null for a property with no default.
 # An optional choice (`Literal[...] | None`) becomes an enum that holds None: a select offering None.
-# Optional sections (source, sources, tokenizer.train, train) keep their switch: None there is a choice.
+# Optional sections (source, sources, tokenizer.train, train, the cleaning blocks, dedup.near) keep their
+# switch: None there is a choice.
 # docs/FIELD-NOTES.md says what was measured.
 def _form_schema(schema: dict[str, Any]) -> None:
     for prop in schema.get("properties", {}).values():

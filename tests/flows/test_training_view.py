@@ -130,7 +130,12 @@ def test_a_mixed_run_shows_tokens_and_eval_loss_per_source():
 
 # Optional sections: None there is a choice the form must offer (one source or several, a tokenizer
 # path or a trained one, prepare data only), so they keep an `X | None` switch.
-SECTIONS = {"PipelineConfig": {"source", "sources", "train"}, "TokenizerConfig": {"train"}}
+# Optional sections keep their switch: None there is a choice (off), not a missing value.
+SECTIONS = {
+    "PipelineConfig": {"source", "sources", "train", "dedup", "quality", "language", "decontaminate"},
+    "TokenizerConfig": {"train"},
+    "DedupConfig": {"near"},
+}
 
 
 def test_run_form_schema_has_no_null_branch_for_an_optional_setting(pretrain):
