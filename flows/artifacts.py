@@ -230,7 +230,8 @@ def packing_markdown(pack: StageResult, heading: str = "#") -> str:
         f"{heading} Packing (train split)\n\n- samples: {train['samples']:,} × {pack.report['seq_len']:,} tokens\n"
         f"- tokens used: {train['tokens_used']:,} of {train['tokens']:,} ({100 * train['fraction_used']:.2f}%),"
         f" padding: {100 * train.get('padding_fraction', 0.0):.3f}%"
-        f" ({pack.report.get('mode', 'concat')})\n- documents split across samples: {train['documents_split']:,} of {train['documents']:,}\n"
+        f" ({pack.report.get('mode', 'concat')})\n"
+        f"- documents split across samples: {train['documents_split']:,} of {train['documents']:,}\n"
         f"- mean document length: {train['mean_document_tokens']} tokens\n\n"
         f"{heading}# Document lengths (tokens)\n\n| length | documents | |\n|---|---:|---|\n{rows}\n"
     )
