@@ -7,7 +7,19 @@ so skipped and dropped rows are seen without opening a manifest.
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+
+def timing(mb: float, started: float) -> dict[str, Any]:
+    """A stage report's `mb_in`, `seconds` since `started` (a perf_counter) and `mb_per_s`: every
+    text stage reports the megabytes of text (or source files) it read per second."""
+    seconds = time.perf_counter() - started
+    return {
+        "mb_in": round(mb, 3),
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(mb / seconds, 2) if seconds > 0 else None,
+    }
 
 
 def _count(n: Any) -> str:

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from moai.errors import DataError
 from moai.formats.text import TEXT_SCHEMA, DatasetWriter, MappedTable, text_bytes
+from moai.report import timing
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +114,12 @@ def apply_verdicts(
         finally:
             if spill is not None:
                 spill._close()
-    seconds = time.perf_counter() - started
-    mb = float(text_bytes(table).sum()) / 1e6
     return {
         "rows_in": n,
         "rows_out": rows_out,
         "dropped": dict(dropped.most_common()),
         **({"counts": dict(counts)} if counts else {}),
-        "mb_in": round(mb, 3),
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(mb / seconds, 2) if seconds > 0 else None,
+        **timing(float(text_bytes(table).sum()) / 1e6, started),
         **({"dropped_rows": str(out_dir / DROPPED_DIR)} if keep_dropped else {}),
     }
 
@@ -145,12 +142,6 @@ def judged_stage(ctx, out: Path, stage: str, judge: Judge, params: Any, *, fix: 
         on_progress=ctx.on_progress,
     )
     return {**result, **timing(result["mb_in"], started)}
-
-
-def timing(mb: float, started: float) -> dict[str, Any]:
-    """seconds since `started` and the MB/s they make of `mb`."""
-    seconds = time.perf_counter() - started
-    return {"seconds": round(seconds, 3), "mb_per_s": round(mb / seconds, 2) if seconds > 0 else None}
 
 
 # --- computing verdicts in worker processes ---------------------------------------------------

@@ -26,9 +26,10 @@ import numpy as np
 
 from moai.clean.minhash import cluster, first_copies, jaccard
 from moai.clean.ngrams import ngram_set, text_ngrams
-from moai.clean.rows import Verdicts, apply_verdicts, timing
+from moai.clean.rows import Verdicts, apply_verdicts
 from moai.config import PipelineConfig
 from moai.formats.text import MappedTable
+from moai.report import timing
 from moai.stages.chain import before, on
 from moai.stages.signatures import NAME as SIGNATURES, hasher
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from moai.config import FilterConfig, PipelineConfig
 from moai.errors import DataError
-from moai.formats.text import open_text, text_batches, write_text_dataset
+from moai.formats.text import open_text, text_batches, text_bytes, write_text_dataset
+from moai.report import timing
 
 NAME = "filter"
 VERSION = 1
@@ -90,5 +91,5 @@ def filter_text(
         "rows_in": table.num_rows,
         "rows_out": rows_out,
         "dropped": {k: v for k, v in dropped.items() if v},
-        "seconds": round(time.perf_counter() - started, 3),
+        **timing(float(text_bytes(table).sum()) / 1e6, started),
     }

@@ -15,7 +15,8 @@ import numpy as np
 
 from moai.config import PipelineConfig, SplitConfig
 from moai.errors import DataError
-from moai.formats.text import open_text
+from moai.formats.text import open_text, text_bytes
+from moai.report import timing
 from moai.stages.chain import before
 
 NAME = "save"
@@ -68,5 +69,5 @@ def save(cfg: SplitConfig, in_dir: Path, out_dir: Path, *, max_shard_size: str) 
         "rows_in": n,
         "rows_out": n,
         "splits": {name: split.num_rows for name, split in splits.items()},
-        "seconds": round(time.perf_counter() - started, 3),
+        **timing(float(text_bytes(ds.data.table).sum()) / 1e6, started),
     }

@@ -23,6 +23,7 @@ from moai.clean.minhash import MinHasher, derive_bands, exact_keys
 from moai.clean.rows import processes
 from moai.config import ConfigError, DedupConfig, PipelineConfig
 from moai.formats.text import MappedTable, text_bytes
+from moai.report import timing
 from moai.stages.chain import before, on
 from moai.store import Store
 
@@ -142,8 +143,6 @@ def build(ctx, out: Path) -> dict[str, Any]:
         if width:
             arrays = [np.load(p / f"{name}.npy") for p in parts]
             np.save(out / f"{name}.npy", np.concatenate(arrays) if arrays else np.zeros((0, width), np.uint64))
-    seconds = time.perf_counter() - started
-    mb = float(text_bytes(table).sum()) / 1e6
     return {
         "rows_in": table.num_rows,
         "rows_out": table.num_rows,
@@ -151,6 +150,5 @@ def build(ctx, out: Path) -> dict[str, Any]:
         "parts_computed_here": len(todo),
         "bands": mh.bands if mh else None,
         "rows_per_band": mh.rows if mh else None,
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(mb / seconds, 2) if seconds > 0 else None,
+        **timing(float(text_bytes(table).sum()) / 1e6, started),
     }

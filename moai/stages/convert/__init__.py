@@ -49,6 +49,7 @@ from typing import Any
 from moai.config import PipelineConfig, SourceConfig, template_fields
 from moai.errors import DataError
 from moai.formats.text import write_text_dataset
+from moai.report import timing
 from moai.stages.convert.fingerprint import FileRead, check_read, digest_file, files_fingerprint, remember
 from moai.stages.convert.readers import FORMATS, Rows, file_rows, hub_rows, load_hub, source_files
 
@@ -276,7 +277,11 @@ def convert(
         "rows_out": rows_out,
         "dropped": dict(rows.dropped),
         "files": len(files),
-        "seconds": round(time.perf_counter() - started, 3),
+        **(
+            {"seconds": round(time.perf_counter() - started, 3)}  # a hub dataset's bytes are not counted
+            if source.hub is not None
+            else timing(sum(f.size for f in read) / 1e6, started)  # the local files' bytes, as read
+        ),
     }
 
 

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from moai.config import PipelineConfig
+from moai.formats.text import MappedTable, text_bytes
+from moai.report import timing
 
 # Constants are re-exported to be read; to change one, patch it in its module (`parts`, `pieces`).
 from moai.stages.tokenize.engine import (
@@ -192,9 +194,10 @@ def tokenize(
     seconds = time.perf_counter() - started
     counts = store_counts(write_store_meta(info, out_dir, results), results)
     own_mb, workers_mb = _peak_rss_mb()
+    text_mb = sum(float(text_bytes(MappedTable(text_dir, split).table).sum()) for split in SPLITS) / 1e6
     return {
         **counts,
-        "seconds": round(seconds, 3),
+        **timing(text_mb, started),
         "tokens_per_s": round(counts["tokens"] / seconds, 1) if seconds > 0 else None,
         "engine": choice.engine,
         "engine_reason": choice.engine_reason,
