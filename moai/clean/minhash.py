@@ -37,7 +37,8 @@ def exact_keys(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """(n, 2) uint64: the 128-bit key of each normalised text (see the module docstring)."""
     arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
     arr = pc.utf8_normalize(arr.fill_null(""), "NFKC")
-    arr = pc.utf8_trim_whitespace(pc.replace_substring_regex(arr, r"\s+", " "))
+    # = every run of whitespace to one space: a lone space is left alone, which is most of them (5x faster)
+    arr = pc.utf8_trim_whitespace(pc.replace_substring_regex(arr, r"\s{2,}|[^\S ]", " "))
     out = np.empty((len(arr), 2), dtype=np.uint64)
     for i, b in enumerate(arr.cast(pa.binary()).to_pylist()):
         d = xxhash.xxh3_128_intdigest(b)
@@ -250,3 +251,11 @@ def jaccard(a: set[int], b: set[int]) -> float:
     if not a and not b:
         return 1.0
     return len(a & b) / len(a | b)
+
+
+def jaccard_sorted(a: np.ndarray, b: np.ndarray) -> float:
+    """The Jaccard similarity of two sorted arrays of distinct hashes."""
+    if not len(a) and not len(b):
+        return 1.0
+    both = len(np.intersect1d(a, b, assume_unique=True))
+    return both / (len(a) + len(b) - both)

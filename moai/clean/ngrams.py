@@ -88,14 +88,24 @@ def ngram_hashes(words: np.ndarray, offsets: np.ndarray, n: int, *, short: bool 
     end = offsets[1:][doc]  # end of each word's document
     pos = np.arange(m, dtype=np.int64)
     h = np.zeros(m, dtype=np.uint64)
+    tmp = np.empty(m, dtype=np.uint64)
     with np.errstate(over="ignore"):
+        # Sums across document ends too: only the windows inside a document are kept below.
         for k in range(min(n, m)):
-            inside = pos[: m - k] + k < end[: m - k]
-            h[: m - k] += np.where(inside, words[k:] * _C[k], np.uint64(0))
+            np.multiply(words[k:], _C[k], out=tmp[: m - k])
+            h[: m - k] += tmp[: m - k]
     full = pos + n <= end
     if short:
-        starts = offsets[:-1][doc]
-        full |= (pos == starts) & (counts[doc] < n)
+        few = np.flatnonzero((counts > 0) & (counts < n))  # documents of fewer than n words: all of them
+        if len(few):
+            starts, sizes = offsets[:-1][few], counts[few]
+            whole = np.zeros(len(few), dtype=np.uint64)
+            with np.errstate(over="ignore"):
+                for k in range(int(sizes.max())):
+                    inside = k < sizes
+                    whole[inside] += words[starts[inside] + k] * _C[k]
+            h[starts] = whole
+            full[starts] = True
     per_doc = np.bincount(doc[full], minlength=len(counts)) if full.any() else np.zeros(len(counts), dtype=np.int64)
     out_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(per_doc, out=out_offsets[1:])

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from moai.clean.minhash import cluster, first_copies, jaccard
-from moai.clean.ngrams import ngram_set, text_ngrams
+from moai.clean.minhash import cluster, first_copies, jaccard_sorted
+from moai.clean.ngrams import text_ngrams
 from moai.clean.rows import Verdicts, apply_verdicts
 from moai.config import PipelineConfig
 from moai.formats.text import MappedTable
@@ -84,15 +84,16 @@ class _Texts:
             texts.append(self.tables[s][row].as_py() or "")
         ng = text_ngrams(texts, self.ngram)
         for i, g in enumerate(todo):
-            self.cache[g] = set(ng.hashes[ng.offsets[i] : ng.offsets[i + 1]].tolist())
+            self.cache[g] = np.unique(ng.hashes[ng.offsets[i] : ng.offsets[i + 1]])
         while len(self.cache) > max(self.limit, 2 * len(gids)):
             self.cache.popitem(last=False)
 
-    def ngrams(self, gid: int) -> set[int]:
+    def ngrams(self, gid: int) -> np.ndarray:
+        """The sorted distinct n-gram hashes of document `gid`."""
         got = self.cache.get(gid)
         if got is None:
             s, row = self.where(gid)
-            got = ngram_set(self.tables[s][row].as_py() or "", self.ngram)
+            got = np.unique(text_ngrams([self.tables[s][row].as_py() or ""], self.ngram).hashes)
             self.cache[gid] = got
             if len(self.cache) > self.limit:
                 self.cache.popitem(last=False)
@@ -130,22 +131,29 @@ def build(ctx, out: Path) -> dict[str, Any]:
         bands = np.concatenate([np.load(d / "bands.npy") for d in sig_dirs])
         texts = _Texts(dirs, names, mh.ngram)
         threshold = cfg.near.threshold
+        measured: dict[tuple[int, int], float] = {}  # (earlier, later) → Jaccard of their n-gram sets
 
         def verify(x: int, y: int) -> bool:
-            return jaccard(texts.ngrams(x), texts.ngrams(y)) >= threshold
+            sim = jaccard_sorted(texts.ngrams(x), texts.ngrams(y))
+            measured[(x, y)] = sim
+            return sim >= threshold
 
         root, stats = cluster(bands, alive, verify=verify if cfg.near.verify else None, prefetch=texts.prefetch)
         mine_root = root[offset:]
         near = (mine_root >= 0) & (mine_root != np.arange(offset, total)) & (reasons == 0)
         reasons[near] = 2
         other[near] = mine_root[near]
-        if cfg.near.verify:
-            found = np.flatnonzero(near)
+        if cfg.near.verify:  # the Jaccard of each dropped row with its cluster's first (mostly measured already)
+            found = [i for i in np.flatnonzero(near) if (int(other[i]), offset + int(i)) not in measured]
             for lo in range(0, len(found), 5_000):
                 part = found[lo : lo + 5_000]
-                texts.prefetch(sorted({offset + int(i) for i in part} | {int(o) for o in other[part]}))
+                texts.prefetch(sorted({offset + int(i) for i in part} | {int(other[i]) for i in part}))
                 for i in part:
-                    similarity[i] = jaccard(texts.ngrams(offset + int(i)), texts.ngrams(int(other[i])))
+                    measured[(int(other[i]), offset + int(i))] = jaccard_sorted(
+                        texts.ngrams(int(other[i])), texts.ngrams(offset + int(i))
+                    )
+            for i in np.flatnonzero(near):
+                similarity[i] = measured[(int(other[i]), offset + int(i))]
         report["near"] = {
             "bands": mh.bands,
             "rows": mh.rows,
