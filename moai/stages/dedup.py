@@ -61,7 +61,7 @@ class _Texts:
         self.names = names
         self.starts = np.cumsum([0] + [len(t) for t in self.tables])
         self.ngram = ngram
-        self.cache: OrderedDict[int, set[int]] = OrderedDict()
+        self.cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self.limit = 20_000
 
     def where(self, gid: int) -> tuple[int, int]:
