@@ -78,7 +78,8 @@ def main() -> None:
     print(f"{'stage':<14} {'rows in → out':>18} {'seconds':>8} {'MB in':>7} {'MB/s':>7} {'docs/s':>8}")
     for name, r in rows.items():
         io = f"{r['rows_in']:,} → {r['rows_out']:,}"
-        print(f"{name:<14} {io:>18} {r['seconds']:>8.2f} {r['mb_in']:>7.1f} {r['mb_per_s']:>7.1f} {r['docs_per_s']:>8,}")
+        figures = f"{r['seconds']:>8.2f} {r['mb_in']:>7.1f} {r['mb_per_s']:>7.1f} {r['docs_per_s']:>8,}"
+        print(f"{name:<14} {io:>18} {figures}")
     print(json.dumps({"load_average_before_after": [load_before, os.getloadavg()[0]], "stages": rows}, indent=1))
 
 
