@@ -81,6 +81,10 @@ def train(job: ResolvedRun) -> dict[str, Any]:
     seq_len = train_data.seq_len
     attn = attention_kind(t, torch.cuda.is_available(), isinstance(train_data, PackedDataset))
     model = build_model(t, len(tokenizer), tokenizer, attn)
+    if torch.cuda.is_available():
+        from moai.train.loss import fuse_lm_loss
+
+        fuse_lm_loss(model)  # the loss without the tokens x vocab logits (moai.train.loss)
     num_params = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(model.config, num_params, seq_len)
     optimizer, scheduler = build_optimizer(model, t)
