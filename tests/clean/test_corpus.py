@@ -158,23 +158,8 @@ def test_dedup_and_decontaminate_against_the_ground_truth(tmp_path, tokenizer_di
     assert kept(res["decontaminate"]) == [t for t in after_dedup if line_of[t] not in caught]
 
 
-def _stages_usable() -> str | None:
-    """Why quality and language cannot run here (their modules are missing or incomplete), or None."""
-    for name, attrs in (("quality", ("resolve", "describe", "judge")), ("language", ("MODEL_NAME", "judge"))):
-        if importlib.util.find_spec(f"moai.clean.{name}") is None:
-            return f"moai/clean/{name}.py is not there"
-        module = importlib.import_module(f"moai.clean.{name}")
-        missing = [a for a in attrs if not hasattr(module, a)]
-        if missing:
-            return f"moai.clean.{name} lacks {missing} (the stage calls them)"
-    return None
-
-
 @pytest.mark.slow
 def test_quality_and_language_keep_korean_english_and_code(tmp_path, tokenizer_dir):
-    why = _stages_usable()
-    if why:
-        pytest.skip(why)
     corpus = clean_corpus.generate(tmp_path / "corpus", 1500, seed=12)
     docs, texts = corpus.docs, corpus.texts
     extra = {"quality": {"rules": "gopher"}, "language": {"keep": ["ko", "en"]}}
