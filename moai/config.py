@@ -431,7 +431,7 @@ def _describe(err: ValidationError) -> str:
             close = difflib.get_close_matches(str(e["loc"][-1]), _keys_at(tuple(e["loc"])), n=1, cutoff=0.6)
             lines.append(f"{where}: unknown key" + (f" (did you mean {close[0]}?)" if close else ""))
         else:
-            lines.append(f"{where}: {e['msg']}")
+            lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
     return "; ".join(lines)
 
 

@@ -65,6 +65,36 @@ def _model() -> Any:
     return fasttext.load_model(str(path))
 
 
+@functools.cache
+def known_languages() -> frozenset[str]:
+    """The language codes the model can answer (its labels, read from the model file's dictionary)."""
+    import re
+
+    path = model_path()
+    if not path.is_file():
+        _model()  # raises the one-line error naming the package
+    return frozenset(m.decode() for m in re.findall(rb"__label__([a-z_]+)", path.read_bytes()))
+
+
+def check_keep(keep: Sequence[str]) -> None:
+    """A `language.keep` code the model never answers would drop every document silently: refuse it."""
+    import difflib
+
+    known = known_languages()
+    for code in keep:
+        if code not in known:
+            # a country code for its language is the usual slip (KR for Korean); then the nearest spelling
+            country = {"kr": "ko", "jp": "ja", "cn": "zh", "tw": "zh", "gr": "el", "se": "sv", "dk": "da"}
+            country |= {"ua": "uk", "cz": "cs", "il": "he", "vn": "vi", "ee": "et", "us": "en", "gb": "en"}
+            close = [country[code.lower()]] if code.lower() in country else []
+            close = close or difflib.get_close_matches(code.lower(), sorted(known), n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(
+                f"language.keep: {code!r} is not a language lid.176 identifies{hint}; it knows ISO 639 codes "
+                f"such as ko, en, ja, zh, de ({len(known)} in all)"
+            )
+
+
 def _predict(texts: Sequence[str], k: int) -> list[list[tuple[float, str]]]:
     """Top-k (probability, label) of each text; labels without the `__label__` prefix."""
     f = _model().f

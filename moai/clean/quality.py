@@ -489,7 +489,15 @@ def resolve(cfg: QualityConfig) -> list[Rule]:
         for key in overrides:
             if key not in _RULES[name].params:
                 raise _unknown(f"quality.thresholds.{name}", "parameter", key, list(_RULES[name].params) or ["(none)"])
-    return [_named_rule(name, {**_RULES[name].params, **cfg.thresholds.get(name, {})}) for name in names]
+    rules = [_named_rule(name, {**_RULES[name].params, **cfg.thresholds.get(name, {})}) for name in names]
+    for rule in rules:  # a range set backwards passes nothing: every document of that rule would go
+        for lo, hi in (("min", "max"), ("hangul_min", "hangul_max")):
+            if lo in rule.params and hi in rule.params and rule.params[lo] > rule.params[hi]:
+                raise ConfigError(
+                    f"quality.thresholds.{rule.name}: {lo} {rule.params[lo]:g} is above {hi} {rule.params[hi]:g}, "
+                    "so no document could pass"
+                )
+    return rules
 
 
 def judge(texts: Sequence[str], rules: Sequence[Rule], *, code: str = "skip") -> Verdicts:

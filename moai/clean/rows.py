@@ -120,7 +120,7 @@ def apply_verdicts(
         "dropped": dict(dropped.most_common()),
         **({"counts": dict(counts)} if counts else {}),
         **timing(float(text_bytes(table).sum()) / 1e6, started),
-        **({"dropped_rows": str(out_dir / DROPPED_DIR)} if keep_dropped else {}),
+        **({"dropped_rows": DROPPED_DIR} if keep_dropped else {}),  # relative to the published folder
     }
 
 

@@ -49,6 +49,8 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
         evals = source_fingerprint(_source(cfg, _fields(cfg)[0]))
     except DataError as err:  # it names source.path: here the setting is decontaminate.path
         raise DataError(str(err).replace("source.path", "decontaminate.path", 1)) from None
+    if not eval_texts(cfg, evals):  # read now (cached): a missing field fails before any stage runs
+        raise DataError(f"decontaminate.path {cfg.path!r}: no evaluation text in field(s) {_fields(cfg)}")
     return {
         **cfg.model_dump(exclude={"path"}),
         "evals": evals,
@@ -57,12 +59,26 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
     }
 
 
-def eval_texts(cfg: DecontaminateConfig) -> list[tuple[str, str]]:
-    """(where, text) of every evaluation text: `file:line` and the text of each field."""
+_READ: dict[tuple[str, tuple[str, ...]], list[tuple[str, str]]] = {}  # (evals fingerprint, fields) → texts
+
+
+def eval_texts(cfg: DecontaminateConfig, fingerprint: str | None = None) -> list[tuple[str, str]]:
+    """(where, text) of every evaluation text: `file:line` and the text of each field. With the
+    files' fingerprint, read once per process for it."""
+    fields = _fields(cfg)
+    if fingerprint is None:
+        return _read_evals(cfg, fields)
+    key = (fingerprint, tuple(fields))
+    if key not in _READ:
+        _READ[key] = _read_evals(cfg, fields)
+    return _READ[key]
+
+
+def _read_evals(cfg: DecontaminateConfig, fields: list[str]) -> list[tuple[str, str]]:
     from moai.stages.convert.readers import Rows, file_rows, source_files
 
-    fields = _fields(cfg)
     out: list[tuple[str, str]] = []
+    seen: set[str] = set()
     try:
         paths = source_files(_source(cfg, fields[0]))
     except DataError as err:
@@ -76,12 +92,19 @@ def eval_texts(cfg: DecontaminateConfig) -> list[tuple[str, str]]:
                     f"{where}: no field {' or '.join(map(repr, fields))} (decontaminate.text_field); "
                     f"fields here: {sorted(row)}"
                 )
+            seen.update(f for f in fields if f in row)
             for f in fields:
                 value = row.get(f)
                 if isinstance(value, str) and value.strip():
                     out.append((where, value))
                 elif isinstance(value, list):  # e.g. a list of answer choices: each is a text
                     out.extend((where, v) for v in value if isinstance(v, str) and v.strip())
+    never = [f for f in fields if f not in seen]
+    if never and out:
+        raise DataError(
+            f"decontaminate.text_field {never[0]!r}: no row of decontaminate.path {cfg.path!r} has it "
+            f"(fields found: {sorted(seen)}); remove it from the list or fix its name"
+        )
     return out
 
 
@@ -136,7 +159,7 @@ def judge(texts: pa.Array, index: EvalIndex) -> tuple[list[str | None], list[str
 
 def build(ctx, out: Path) -> dict[str, Any]:
     cfg: DecontaminateConfig = ctx.config.decontaminate
-    texts = eval_texts(cfg)
+    texts = eval_texts(cfg, settings(ctx.config)["evals"])
     if not texts:
         raise DataError(f"decontaminate.path {cfg.path!r}: no evaluation text in field(s) {_fields(cfg)}")
     index = EvalIndex(texts, cfg.ngram)

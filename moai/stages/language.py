@@ -28,6 +28,7 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 
     cfg = config.language
     assert cfg is not None
+    lid.check_keep(cfg.keep)  # an unknown code fails before any stage runs (preflight resolves settings)
     return {**cfg.model_dump(), "model": lid.MODEL_NAME, "keep_dropped": config.keep_dropped}
 
 

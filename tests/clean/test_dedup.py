@@ -231,7 +231,7 @@ def test_a_missing_evaluation_path_is_one_line_naming_the_setting(tmp_path, toke
 
 
 def test_dedup_settings_are_checked():
-    with pytest.raises(ConfigError, match=r"dedup\.near: Value error, set both dedup\.near\.bands and"):
+    with pytest.raises(ConfigError, match=r"^config: dedup\.near: set both dedup\.near\.bands and"):
         parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"}, "dedup": {"near": {"bands": 4}}})
     with pytest.raises(ConfigError, match="remove the dedup block"):
         parse_config({"source": {"path": "x"}, "tokenizer": {"path": "t"}, "dedup": {"exact": False}})
@@ -309,3 +309,42 @@ def test_the_cleaning_example_prints_what_the_readme_shows(tmp_path):
     readme = (ROOT / "README.md").read_text()
     shown = [line for line in readme.splitlines() if re.match(rf"moai: ({'|'.join(stages)}) +built", line)]
     assert len(shown) == 5 and counts(printed) == counts(shown)
+
+
+@pytest.mark.parametrize(
+    "block, says",
+    [
+        ({"language": {"keep": ["kr"]}}, "language.keep: 'kr' is not a language lid.176 identifies (did you mean ko?)"),
+        ({"language": {"keep": ["KO", "en"]}}, "(did you mean ko?)"),
+        ({"quality": {"thresholds": {"gopher:word_count": {"min": 500, "max": 100}}}}, "min 500 is above max 100"),
+    ],
+)
+def test_settings_that_would_drop_everything_silently_are_refused(tmp_path, corpus, tokenizer_dir, block, says):
+    from moai import preflight
+
+    cfg = parse_config({**config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}), **block})
+    with pytest.raises(ConfigError) as err:
+        preflight.require(cfg, train=False)
+    assert says in str(err.value)
+
+
+def test_evaluation_fields_are_checked_before_any_stage(tmp_path, corpus, tokenizer_dir):
+    from moai import preflight
+
+    evals = write_jsonl(tmp_path / "evals.jsonl", [{"q": "what is the capital of france and why is it there"}] * 2)
+    base = config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)})
+    cfg = parse_config({**base, "decontaminate": {"path": str(evals), "text_field": "question"}})
+    with pytest.raises(DataError, match=r"evals\.jsonl:1: no field 'question' \(decontaminate\.text_field\)"):
+        preflight.require(cfg, train=False)
+    cfg = parse_config({**base, "decontaminate": {"path": str(evals), "text_field": ["q", "answer"]}})
+    with pytest.raises(DataError, match=r"decontaminate\.text_field 'answer': no row of decontaminate\.path"):
+        preflight.require(cfg, train=False)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_report_names_the_dropped_rows_inside_the_published_folder(tmp_path, tokenizer_dir):
+    rng = random.Random(9)
+    texts = [doc(rng) for _ in range(20)]
+    _, res = run(tmp_path, texts + texts[:2], tokenizer_dir, dedup={}, keep_dropped=True)
+    assert res["dedup"].report["dropped_rows"] == "dropped"
+    assert len(datasets.load_from_disk(f"{res['dedup'].path}/{res['dedup'].report['dropped_rows']}")) == 2
