@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from moai import hub
 from moai.config import PipelineConfig, TokenizerConfig, TokenizerTrainConfig
 from moai.errors import TokenizerError
 from moai.formats.text import open_text, text_batches
-from moai.store import fingerprint_dir
+from moai.store import fingerprint_dir, fingerprint_files
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,28 @@ def info_of(config: PipelineConfig, published: Path | str, key: str) -> Tokenize
     """The `TokenizerInfo` of the tokenizer stage's output (what the tokenize workers need)."""
     tcfg = config.tokenizer
     trust = tcfg.trust_remote_code and tcfg.train is None
-    info = describe(load_tokenizer(str(published), trust), tcfg.path or str(published), key, path=str(published))
+    info = describe(loaded_tokenizer(str(published), trust), tcfg.path or str(published), key, path=str(published))
     return dataclasses.replace(info, trust_remote_code=trust)
 
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+# What `AutoTokenizer.from_pretrained` reads of a local folder (config.json: the model type, when
+# tokenizer_config.json names no tokenizer class); adopting a tokenizer copies these.
+ADOPTED_FILES = [
+    *TOKENIZER_FILES,
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.json",
+    "chat_template.jinja",
+    "config.json",
+]
 
 
 @dataclass(frozen=True)
@@ -134,6 +150,26 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     return tok
 
 
+# One tokenizer loaded by transformers per process, by folder content: the tokenizer and tokenize
+# stages load the same files (the build folder, then the published one) up to three times.
+_loaded: dict[tuple[bool, str], Any] = {}
+_STORE_FILES = {"_manifest.json", ".uses.jsonl"}  # written by the store beside the tokenizer's files
+
+
+def loaded_tokenizer(path: str, trust_remote_code: bool = False):
+    """`load_tokenizer` of a local folder, reused while the folder's files are byte-identical
+    (every file in it but the store's own; a hub name or a folder with subfolders: loaded each time).
+    The object is shared: read it, do not change it."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or any(p.is_dir() for p in folder.iterdir()):
+        return load_tokenizer(path, trust_remote_code)
+    key = (trust_remote_code, fingerprint_files(sorted(p for p in folder.iterdir() if p.name not in _STORE_FILES)))
+    if key not in _loaded:
+        _loaded.clear()
+        _loaded[key] = load_tokenizer(path, trust_remote_code)
+    return _loaded[key]
+
+
 def describe(tok, name_or_path: str, fingerprint: str, path: str = "") -> TokenizerInfo:
     """Check EOS/PAD and capture the backend pipeline the workers will run, as transformers runs it."""
     if tok.eos_token_id is None:
@@ -178,11 +214,22 @@ def tokenizer_fingerprint(cfg: TokenizerConfig) -> str:
 
 
 def adopt_tokenizer(name_or_path: str, out_dir: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """Check a given tokenizer (fast, EOS, PAD) and save a copy of it in `out_dir`."""
+    """Check a given tokenizer (fast, EOS, PAD) and save a copy of it in `out_dir`.
+
+    A local folder (without remote code) is copied file by file (`ADOPTED_FILES`) and checked as
+    loaded from the copy: no `save_pretrained`, and the tokenize stage then reuses that load
+    (`loaded_tokenizer`: same files). A hub name or remote code: loaded, then `save_pretrained`."""
     started = time.perf_counter()
-    tok = load_tokenizer(name_or_path, trust_remote_code)
-    info = describe(tok, name_or_path, "")
-    tok.save_pretrained(str(out_dir))
+    source = Path(name_or_path).expanduser()
+    if source.is_dir() and not trust_remote_code and (source / "tokenizer.json").is_file():
+        for name in ADOPTED_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, out_dir / name)
+        info = describe(loaded_tokenizer(str(out_dir)), name_or_path, "")
+    else:
+        tok = load_tokenizer(name_or_path, trust_remote_code)
+        info = describe(tok, name_or_path, "")
+        tok.save_pretrained(str(out_dir))
     return {
         "source": name_or_path,
         "vocab_size": info.vocab_size,

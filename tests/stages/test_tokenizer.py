@@ -73,3 +73,25 @@ def test_a_mixed_tokenizer_sample_follows_the_weights_in_bytes():
     assert take == {"en": 10, "ko": 40, "code": 40}  # en's 200 bytes are the scarcest: ko 400, code 200
     assert sum(weighted_rows(sizes, {"ko": 2, "en": 1, "code": 1}, 45).values()) <= 45
     assert weighted_rows({"a": [5], "b": [1000]}, {"a": 1, "b": 1}, None) == {"a": 1, "b": 1}  # at least one each
+
+
+def test_a_local_tokenizer_is_adopted_by_copy_and_loaded_once_per_content(tmp_path):
+    from moai.stages.tokenizer import adopt_tokenizer, loaded_tokenizer
+
+    folder = train_bpe(tmp_path / "t", make_texts(200), vocab_size=300)
+    out = tmp_path / "adopted"
+    out.mkdir()
+    report = adopt_tokenizer(str(folder), out)
+    assert (out / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    assert report["eos_id"] == load_tokenizer(str(folder)).eos_token_id
+    published = tmp_path / "published"
+    out.rename(published)
+    (published / "_manifest.json").write_text("{}")  # the store's own file does not count
+    tok = loaded_tokenizer(str(published))
+    assert loaded_tokenizer(str(published)) is tok
+    cfg_file = published / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["model_max_length"] = 77
+    cfg_file.write_text(json.dumps(cfg))  # other content: loaded again
+    again = loaded_tokenizer(str(published))
+    assert again is not tok and again.model_max_length == 77

@@ -29,8 +29,11 @@ files under the same key.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import pickle
 import resource
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -137,7 +140,6 @@ def tokenize(
     on_progress: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`."""
-    from tqdm.auto import tqdm
 
     log.info(
         "tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
@@ -145,18 +147,73 @@ def tokenize(
         info.vocab_size,
         info.eos_id,
     )
-    choice = choose_encoder(info, text_dir, engine, threads_per_proc)
-    dtype = token_dtype(info.vocab_size)
     jobs = plan_parts(info, text_dir, out_dir, batch_size)
-    for split in SPLITS:
-        (out_dir / split).mkdir(parents=True, exist_ok=True)
-    total_docs = sum(j.stop - j.start for j in jobs)
     num_proc = max(1, min(num_proc, len(jobs)))
-    warm_up = choice.sample[:WARM_UP_DOCUMENTS]
-    if num_proc == 1:  # workers warm up in their initializer, before their first part
-        init_encoder(choice.setup, None, warm_up)
-    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if num_proc > 1:
+            # Workers start now (spawn, imports) while this process checks the engine; each builds
+            # its encoder from the checked set-up before its first part (`encode_part_with`).
+            pool = stack.enter_context(
+                ProcessPoolExecutor(
+                    num_proc,
+                    mp_context=get_context("spawn"),
+                    initializer=preload_worker,
+                    initargs=(threads_per_proc,),
+                )
+            )
+            spawned_at = time.time()
+            for _ in range(num_proc):
+                pool.submit(int)  # a spawn pool starts a process per task while none is idle
+        checked = time.perf_counter()
+        choice = choose_encoder(info, text_dir, engine, threads_per_proc)
+        check_seconds = time.perf_counter() - checked
+        for split in SPLITS:
+            (out_dir / split).mkdir(parents=True, exist_ok=True)
+        warm_up = choice.sample[:WARM_UP_DOCUMENTS]
+        if pool is None:
+            init_encoder(choice.setup, None, warm_up, encode=choice.encode)
+        else:
+            setup_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="moai-encoder-")))
+            setup_file = setup_dir / "setup.pickle"
+            setup_file.write_bytes(pickle.dumps((choice.setup, threads_per_proc, warm_up, spawned_at)))
+        started = time.perf_counter()
+        results = _encode_all(jobs, pool, None if pool is None else str(setup_file), started, progress, on_progress)
+    seconds = time.perf_counter() - started
+    dtype = token_dtype(info.vocab_size)
+    counts = store_counts(write_store_meta(info, out_dir, results), results)
+    own_mb, workers_mb = _peak_rss_mb()
+    text_mb = sum(float(text_bytes(MappedTable(text_dir, split).table).sum()) for split in SPLITS) / 1e6
+    return {
+        **counts,
+        **timing(text_mb, started),
+        "tokens_per_s": round(counts["tokens"] / seconds, 1) if seconds > 0 else None,
+        "engine": choice.engine,
+        "engine_reason": choice.engine_reason,
+        "large_documents_whole": choice.pieces_reason,
+        "processes": num_proc,
+        "threads_per_process": threads_per_proc,
+        "dtype": dtype.name,
+        "peak_rss_mb": own_mb,
+        "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
+        "check_seconds": round(check_seconds, 3),
+        "profile": process_profiles(results),
+        "warnings": info.warnings,
+    }
 
+
+def _encode_all(
+    jobs: list[PartJob],
+    pool: ProcessPoolExecutor | None,
+    setup_file: str | None,
+    started: float,
+    progress: bool,
+    on_progress: Callable[[float], None] | None,
+) -> list[dict[str, Any]]:
+    """Encode every part, in this process (no pool) or in the pool's workers; show progress."""
+    from tqdm.auto import tqdm
+
+    total_docs = sum(j.stop - j.start for j in jobs)
     bar = tqdm(total=total_docs, unit="doc", desc="tokenize", disable=not progress, mininterval=0.5)
     done_tokens = done_docs = 0
     reported = 0.0
@@ -173,42 +230,60 @@ def tokenize(
             reported = fraction
             on_progress(fraction)
 
-    results: list[dict[str, int]] = []
+    results: list[dict[str, Any]] = []
     try:
-        if num_proc == 1:
+        if pool is None:
             results = encode_parts(jobs, on_batch=advance)
         else:
-            ctx = get_context("spawn")
-            with ProcessPoolExecutor(
-                num_proc, mp_context=ctx, initializer=init_encoder, initargs=(choice.setup, threads_per_proc, warm_up)
-            ) as pool:
-                futures = {pool.submit(encode_part, job): job for job in jobs}
-                for fut in as_completed(futures):
-                    r = fut.result()
-                    results.append(r)
-                    advance(r["num_documents"], r["num_tokens"])
+            assert setup_file is not None, "a pool's workers build their encoder from the set-up file"
+            futures = {pool.submit(encode_part_with, setup_file, job): job for job in jobs}
+            for fut in as_completed(futures):
+                r = fut.result()
+                results.append(r)
+                advance(r["num_documents"], r["num_tokens"])
     finally:
         bar.close()
         clear_encoder()  # drop this process's tokenizer and table maps (inline mode)
+    return results
 
-    seconds = time.perf_counter() - started
-    counts = store_counts(write_store_meta(info, out_dir, results), results)
-    own_mb, workers_mb = _peak_rss_mb()
-    text_mb = sum(float(text_bytes(MappedTable(text_dir, split).table).sum()) for split in SPLITS) / 1e6
-    return {
-        **counts,
-        **timing(text_mb, started),
-        "tokens_per_s": round(counts["tokens"] / seconds, 1) if seconds > 0 else None,
-        "engine": choice.engine,
-        "engine_reason": choice.engine_reason,
-        "large_documents_whole": choice.pieces_reason,
-        "processes": num_proc,
-        "threads_per_process": threads_per_proc,
-        "dtype": dtype.name,
-        "peak_rss_mb": own_mb,
-        "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
-        "warnings": info.warnings,
-    }
+
+def preload_worker(rayon_threads: int) -> None:
+    """A worker's start: the imports its parts need, while the main process checks the engine."""
+    import os
+
+    # Read by Rayon when its pool first starts, which is after this in a fresh worker.
+    os.environ["RAYON_NUM_THREADS"] = str(rayon_threads)
+    import tiktoken  # noqa: F401
+    import tokenizers  # noqa: F401
+
+
+def encode_part_with(setup_file: str, job: PartJob) -> dict[str, Any]:
+    """One part in a worker; the worker's first part first builds its encoder from the checked
+    set-up (`init_encoder`: EncoderSetup, threads, warm-up texts, when the pool started)."""
+    from moai.stages.tokenize.engine import state
+
+    if state.get("setup_file") != setup_file:
+        import pickle
+
+        with open(setup_file, "rb") as f:
+            init_encoder(*pickle.load(f))
+        state["setup_file"] = setup_file
+    return encode_part(job)
+
+
+def process_profiles(results: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per process that encoded parts: seconds by kind (`parts.Profile`), summed over its parts,
+    with start-up (workers: from the pool's start to their encoder being warm) and wall."""
+    by_pid: dict[int, dict[str, float]] = {}
+    for r in results:
+        prof = r.pop("profile", None)
+        if prof is None:
+            continue
+        into = by_pid.setdefault(prof["pid"], {})
+        for k, v in prof.items():
+            if k != "pid":
+                into[k] = round(into.get(k, 0.0) + v, 4)
+    return list(by_pid.values())
 
 
 # -- the stage in the graph (`moai.pipeline`) ----------------------------------------------------

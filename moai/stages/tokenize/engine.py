@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from moai.errors import TokenizerError
 from moai.formats.text import open_split_table, row_bytes, text_bytes
 from moai.stages.tokenize import pieces
 from moai.stages.tokenize.tiktoken import NotExpressible, TiktokenSpec, spec_from_tokenizer_json
-from moai.stages.tokenizer import TokenizerInfo, load_tokenizer
+from moai.stages.tokenizer import TokenizerInfo, loaded_tokenizer
 
 log = logging.getLogger("moai.stages.tokenize")  # the stage's log lines keep the stage's name
 
@@ -40,7 +41,7 @@ Reference = Callable[[list[str]], list[list[int]]]
 
 def transformers_reference(info: TokenizerInfo) -> Reference:
     """`tokenizer(texts)["input_ids"]` of the tokenizer as transformers loads it: the ids we must match."""
-    tok = load_tokenizer(info.path, info.trust_remote_code)
+    tok = loaded_tokenizer(info.path, info.trust_remote_code)
     return lambda texts: tok(texts, verbose=False)["input_ids"] if texts else []
 
 
@@ -51,12 +52,30 @@ def _first_mismatch(encode: pieces.Encode, want: list[list[int]], sample: list[s
     return None
 
 
+Built = dict[bool, pieces.Encode]  # the encoders built while checking, by "is it tiktoken"
+
+
+def _encoder(info: TokenizerInfo, spec: TiktokenSpec | None, threads: int, built: Built | None) -> pieces.Encode:
+    """The encoder for `spec`, built once per check (building tiktoken's ranks takes a while)."""
+    if built is not None and (spec is not None) in built:
+        return built[spec is not None]
+    encode = pieces.make_encoder(info.backend_json, info.split_special_tokens, spec, threads)
+    if built is not None:
+        built[spec is not None] = encode
+    return encode
+
+
 def choose_engine(
-    requested: str, info: TokenizerInfo, sample: list[str], threads: int, want: list[list[int]]
+    requested: str,
+    info: TokenizerInfo,
+    sample: list[str],
+    threads: int,
+    want: list[list[int]],
+    built: Built | None = None,
 ) -> tuple[TiktokenSpec | None, str]:
     """(tiktoken spec or None for tokenizers, reason). An engine is used only when its ids equal
     `want` (transformers' ids of the sample) on every sampled document; when not even `tokenizers`
-    does, nothing is written."""
+    does, nothing is written. `built` keeps the encoders made here for `check_pieces` and the run."""
     spec, reason = None, "tokenize.engine is tokenizers"
     if requested != "tokenizers":
         try:
@@ -65,9 +84,7 @@ def choose_engine(
             reason = f"tiktoken cannot express this tokenizer ({err}); using tokenizers"
             log.log(logging.WARNING if requested == "tiktoken" else logging.INFO, reason)
     if spec is not None:
-        bad = _first_mismatch(
-            pieces.make_encoder(info.backend_json, info.split_special_tokens, spec, threads), want, sample
-        )
+        bad = _first_mismatch(_encoder(info, spec, threads, built), want, sample)
         if bad is None:
             reason = f"tiktoken matches transformers on all {len(sample)} sampled documents"
             log.info(reason)
@@ -76,7 +93,7 @@ def choose_engine(
             f"tiktoken ids differ from transformers on sample document {bad} ({sample[bad][:60]!r}); using tokenizers"
         )
         log.warning(reason)
-    bad = _first_mismatch(pieces.make_encoder(info.backend_json, info.split_special_tokens), want, sample)
+    bad = _first_mismatch(_encoder(info, None, threads, built), want, sample)
     if bad is not None:
         raise TokenizerError(
             f"tokenizer {info.name_or_path!r}: moai's encoder gives other ids than transformers on sample document "
@@ -86,11 +103,16 @@ def choose_engine(
 
 
 def check_pieces(
-    spec: TiktokenSpec | None, info: TokenizerInfo, sample: list[str], threads: int, want: list[list[int]]
+    spec: TiktokenSpec | None,
+    info: TokenizerInfo,
+    sample: list[str],
+    threads: int,
+    want: list[list[int]],
+    built: Built | None = None,
 ) -> str | None:
     """None when giant documents can be encoded in pieces with exact ids (checked on the sample),
     else why they will be encoded whole."""
-    encode = pieces.make_encoder(info.backend_json, info.split_special_tokens, spec, threads)
+    encode = _encoder(info, spec, threads, built)
     bad = pieces.check_cut_rule(encode, sample, want)
     if bad is not None:
         log.warning(
@@ -143,13 +165,23 @@ class EncoderSetup:
 state: dict[str, Any] = {}
 
 
-def init_encoder(setup: EncoderSetup, rayon_threads: int | None = None, warm_up: list[str] | None = None) -> None:
-    """Set up this process's encoder, then encode the warm-up texts once (thread pools, caches) so
-    timing starts warm."""
+def init_encoder(
+    setup: EncoderSetup,
+    rayon_threads: int | None = None,
+    warm_up: list[str] | None = None,
+    spawned_at: float | None = None,
+    encode: pieces.Encode | None = None,
+) -> None:
+    """Set up this process's encoder (or take `encode`, one already built for `setup`), then
+    encode the warm-up texts once (thread pools, caches) so timing starts warm. `spawned_at`
+    (`time.time()` when the parent started the pool): a worker records its start-up, which its
+    first part's profile reports."""
+    t0 = time.perf_counter()
     if rayon_threads is not None:
         # Read by Rayon when its pool first starts, which is after this in a fresh worker.
         os.environ["RAYON_NUM_THREADS"] = str(rayon_threads)
-    encode = pieces.make_encoder(setup.backend_json, setup.split_special_tokens, setup.spec, setup.threads)
+    if encode is None:
+        encode = pieces.make_encoder(setup.backend_json, setup.split_special_tokens, setup.spec, setup.threads)
     state["encode"] = encode
     state["pieces"] = pieces.PieceEncoder(encode) if setup.pieces_exact else None
     state["tables"] = {}
@@ -157,6 +189,10 @@ def init_encoder(setup: EncoderSetup, rayon_threads: int | None = None, warm_up:
     state["large_documents"] = 0
     if warm_up:
         encode(warm_up, True)
+    state["startup"] = {
+        "setup": round(time.perf_counter() - t0, 4),  # encoder build and warm-up
+        "startup": round(time.time() - spawned_at, 4) if spawned_at is not None else 0.0,  # spawn, imports, setup
+    }
 
 
 def clear_encoder() -> None:
@@ -172,6 +208,7 @@ class EngineChoice:
     engine_reason: str
     pieces_reason: str | None  # why giant documents are encoded whole, or None (in exact pieces)
     sample: list[str]
+    encode: pieces.Encode | None = field(default=None, repr=False, compare=False)  # built for `setup`
 
     @property
     def engine(self) -> str:
@@ -182,7 +219,8 @@ def choose_encoder(info: TokenizerInfo, text_dir: Path, requested: str, threads:
     """Sample the corpus, choose the engine, check it and the piece rule against transformers."""
     sample = sample_texts(text_dir)
     want = transformers_reference(info)(sample)
-    spec, reason = choose_engine(requested, info, sample, threads, want)
-    pieces_reason = check_pieces(spec, info, sample, threads, want)
+    built: Built = {}
+    spec, reason = choose_engine(requested, info, sample, threads, want, built)
+    pieces_reason = check_pieces(spec, info, sample, threads, want, built)
     setup = EncoderSetup(info.backend_json, info.split_special_tokens, spec, threads, pieces_reason is None)
-    return EngineChoice(setup, reason, pieces_reason, sample)
+    return EngineChoice(setup, reason, pieces_reason, sample, built[spec is not None])

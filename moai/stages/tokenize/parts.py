@@ -19,6 +19,9 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -74,9 +77,39 @@ class PartJob:
     batch_size: int
 
 
+class Profile:
+    """Seconds this process spent, by kind, while encoding parts (`encode_parts`): reading text
+    (`read`, the main thread), the encoder itself (`encode`) and ids → arrays (`arrays`), both in
+    the helper threads, writing (`write`) and waiting for the helpers (`wait`, main thread).
+    Helper-thread seconds overlap, so their share of wall time can pass 100%."""
+
+    KINDS = ("read", "encode", "arrays", "write", "wait")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.KINDS, 0.0)
+        self._lock = threading.Lock()
+
+    def add(self, kind: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[kind] += seconds
+
+    def take(self) -> dict[str, float]:
+        """The seconds so far (rounded), and start again from zero."""
+        with self._lock:
+            out = {k: round(v, 4) for k, v in self.seconds.items()}
+            self.seconds = dict.fromkeys(self.KINDS, 0.0)
+        return out
+
+
+def _profile() -> Profile:
+    return state.setdefault("profile", Profile())
+
+
 def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Encode texts with the process's encoder: (flat ids with EOS after each, document lengths)."""
+    t0 = time.perf_counter()
     ids = state["encode"](texts, True)
+    t1 = time.perf_counter()
     lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
     ends = np.cumsum(lengths)
     flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
@@ -85,12 +118,20 @@ def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np
         flat[start : end - 1] = x
         start = end
     flat[ends - 1] = eos_id
+    profile = _profile()
+    profile.add("encode", t1 - t0)
+    profile.add("arrays", time.perf_counter() - t1)
     return flat, lengths
 
 
 def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
-    """Encode and write parts in order, as one pipelined stream of batches (no bubble between parts)."""
+    """Encode and write parts in order, as one pipelined stream of batches (no bubble between parts).
+
+    The first result carries this process's `profile` (`Profile`, plus `wall` and `pid`)."""
     tables = state["tables"]
+    profile = _profile()
+    profile.take()  # what warm-up and checks spent is not part of it
+    started = time.perf_counter()
 
     def batches():
         """Lists of (job, texts) pieces across part edges, of at most batch_size documents and
@@ -148,7 +189,9 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     current = None
     files: tuple[BinaryIO, BinaryIO] | None = None
     try:
-        for job, (flat, lengths) in (piece for group in _pipelined(batches(), encode) for piece in group):
+        pipeline = _pipelined(_timed(batches(), profile), encode, profile=profile)
+        for job, (flat, lengths) in (piece for group in pipeline for piece in group):
+            t0 = time.perf_counter()
             if job is not current or files is None:
                 _close(files)
                 current = job
@@ -170,6 +213,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
             files[1].write((np.cumsum(lengths) + r["num_tokens"]).astype("<i8").tobytes())
             r["num_tokens"] += len(flat)
             r["num_documents"] += len(lengths)
+            profile.add("write", time.perf_counter() - t0)
             if on_batch is not None:
                 on_batch(len(lengths), len(flat))
             for t in tables.values():
@@ -179,7 +223,28 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     for r in results:  # giant documents are counted per process; the first result carries the count
         r["large_documents"], r["forced_cuts"] = state["large_documents"], state["forced_cuts"]
         state["large_documents"] = state["forced_cuts"] = 0
+    if results:
+        results[0]["profile"] = {
+            "pid": os.getpid(),
+            "wall": round(time.perf_counter() - started, 4),
+            **profile.take(),
+            **state.pop("startup", {}),  # the process's first call: its start-up (`init_encoder`)
+        }
     return results
+
+
+def _timed(items, profile: Profile):
+    """The items, with the time spent making each added to the profile's `read`."""
+    it = iter(items)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        finally:
+            profile.add("read", time.perf_counter() - t0)
+        yield item
 
 
 def _close(files: tuple[BinaryIO, ...] | None) -> None:
@@ -215,7 +280,7 @@ def encode_part(job: PartJob) -> dict[str, int]:
     return encode_parts([job])[0]
 
 
-def _pipelined(items, fn, ahead: int = 2):
+def _pipelined(items, fn, ahead: int = 2, profile: Profile | None = None):
     """Yield fn(item) for each item in order, with `ahead` calls running in helper threads.
 
     The encoders release the GIL, so two batches in flight keep every core busy through the tail
@@ -224,14 +289,21 @@ def _pipelined(items, fn, ahead: int = 2):
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
+    def result(future):
+        t0 = time.perf_counter()
+        out = future.result()
+        if profile is not None:
+            profile.add("wait", time.perf_counter() - t0)
+        return out
+
     with ThreadPoolExecutor(ahead) as ex:
         pending: deque = deque()
         for item in items:
             pending.append(ex.submit(fn, item))
             if len(pending) > ahead:
-                yield pending.popleft().result()
+                yield result(pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield result(pending.popleft())
 
 
 def plan_parts(info: TokenizerInfo, text_dir: Path, out_dir: Path, batch_size: int) -> list[PartJob]:

@@ -20,11 +20,13 @@ stage report.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 # The GPT-2 split pattern that tokenizers' ByteLevel(use_regex=True) applies.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -185,7 +187,14 @@ def spec_from_tokenizer_json(backend_json: str, split_special_tokens: bool = Fal
 
 
 class TiktokenEncoder:
-    """`encode_batch(texts, add_special_tokens) -> list of id lists`, the same ids as tokenizers."""
+    """`encode_batch(texts, add_special_tokens) -> list of id lists`, the same ids as tokenizers.
+
+    tiktoken's own `encode_batch` starts a thread pool per call and submits one task per text; with
+    many small documents that overhead is a good part of the time (measured: ~10% of the CPU
+    seconds on 1.6 KB documents). Here a pool made once encodes contiguous runs of texts, each text
+    with the very call `Encoding.encode` makes (`_core_bpe.encode`, which releases the GIL)."""
+
+    RUNS_PER_THREAD = 4  # runs of texts per thread and call: balance without many tasks
 
     def __init__(self, spec: TiktokenSpec, num_threads: int):
         import tiktoken
@@ -198,14 +207,41 @@ class TiktokenEncoder:
         self.normalization = spec.normalization
         self.allowed = set(spec.special_tokens) - spec.text_specials
         self.num_threads = num_threads
+        self._core: Any = getattr(self.enc, "_core_bpe", None)
+        self._pool: Any = None  # a ThreadPoolExecutor, made on first use
+
+    def _encode_run(self, texts: list[str]) -> list[list[int]]:
+        core, allowed, out = self._core, self.allowed, []
+        for t in texts:
+            try:
+                out.append(core.encode(t, allowed))
+            except UnicodeEncodeError:  # lone surrogates: tiktoken's own fix-up, in `encode`
+                out.append(self.enc.encode(t, allowed_special=self.allowed, disallowed_special=()))
+        return out
+
+    def _encode_all(self, texts: list[str]) -> list[list[int]]:
+        if self._core is None:  # a tiktoken without the attribute: its public batch call
+            # disallowed_special=(): special-token text that is not allowed is encoded as plain text
+            return self.enc.encode_batch(
+                texts, num_threads=self.num_threads, allowed_special=self.allowed, disallowed_special=()
+            )
+        runs = self.num_threads * self.RUNS_PER_THREAD
+        if self.num_threads <= 1 or len(texts) < 2 * runs:
+            return self._encode_run(texts)
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="moai-tiktoken")
+        cum = list(itertools.accumulate(len(t) for t in texts))
+        cuts = sorted({0, len(texts), *(bisect.bisect_left(cum, cum[-1] * i // runs) for i in range(1, runs))})
+        futures = [self._pool.submit(self._encode_run, texts[a:b]) for a, b in itertools.pairwise(cuts)]
+        return [ids for f in futures for ids in f.result()]
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         for form in self.normalization:
             texts = [unicodedata.normalize(form, t) for t in texts]
-        # disallowed_special=(): special-token text that is not allowed is encoded as plain text
-        out = self.enc.encode_batch(
-            texts, num_threads=self.num_threads, allowed_special=self.allowed, disallowed_special=()
-        )
+        # special-token text that is not allowed is encoded as plain text (allowed_special only)
+        out = self._encode_all(texts)
         if add_special_tokens and (self.prefix or self.suffix):
             out = [self.prefix + ids + self.suffix for ids in out]
         return out
