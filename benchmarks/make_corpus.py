@@ -6,6 +6,12 @@ sorted order, written as JSONL until --mb megabytes of text. --repeat N writes t
 N times (a 4× corpus for the memory check).
 
     python benchmarks/make_corpus.py --out bench/corpus.jsonl --mb 50 --tokenizer-out bench/tok
+
+--records N instead writes N instruction records of about --record-bytes each (fields
+`instruction`, `input`, `output`, cut from the same files: a file's first line asks, its next
+lines are the input, the rest the answer), for the many-small-documents case:
+
+    python benchmarks/make_corpus.py --out bench/instruct.jsonl --records 40000 --tokenizer-out bench/tok-instruct
 """
 
 from __future__ import annotations
@@ -41,6 +47,24 @@ def documents(roots: list[Path]):
                     continue
 
 
+def records(texts, n: int, size: int):
+    """n instruction records of about `size` bytes, cut from the texts in order (cycled if short)."""
+    made = 0
+    while made < n:
+        for text in texts:
+            for at in range(0, len(text) - size // 2, size):
+                chunk = text[at : at + size]
+                lines = chunk.split("\n")
+                yield {
+                    "instruction": "Explain or continue: " + lines[0][:120],
+                    "input": "\n".join(lines[1:4]),
+                    "output": "\n".join(lines[4:]),
+                }
+                made += 1
+                if made == n:
+                    return
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path)
@@ -49,10 +73,14 @@ def main() -> None:
     parser.add_argument(
         "--roots", nargs="*", type=Path, default=[Path(sys.prefix), Path(sys.base_prefix), Path("/usr/share")]
     )
+    parser.add_argument("--records", type=int, help="write this many instruction records instead")
+    parser.add_argument("--record-bytes", type=int, default=1600)
     parser.add_argument("--tokenizer-out", type=Path, help="also train a byte-level BPE on the corpus, saved here")
     parser.add_argument("--vocab-size", type=int, default=32000)
     args = parser.parse_args()
 
+    if args.records:
+        args.mb = args.records * args.record_bytes * 1.1 / 1e6
     budget = int(args.mb * 1e6)
     docs, size = [], 0
     for text in documents(args.roots):
@@ -61,10 +89,17 @@ def main() -> None:
         if size >= budget:
             break
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.records:  # the records' text, as the tokenize stage will see it (text_template)
+        recs = list(records(docs, args.records, args.record_bytes))
+        lines = [json.dumps(r, ensure_ascii=False) for r in recs]
+        docs = [f"{r['instruction']}\n{r['input']}\n{r['output']}" for r in recs]
+        size = sum(len(t.encode()) for t in docs)
+    else:
+        lines = [json.dumps({"text": text}, ensure_ascii=False) for text in docs]
     with open(args.out, "w", encoding="utf-8") as f:
         for _ in range(args.repeat):
-            for text in docs:
-                f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            for line in lines:
+                f.write(line + "\n")
     print(
         f"{args.out}: {len(docs) * args.repeat} documents, {size * args.repeat / 1e6:.1f} MB of text", file=sys.stderr
     )
