@@ -164,10 +164,15 @@ def _explicit(name: str, config_value: Any, env: dict[str, int]) -> Decision | N
     return None
 
 
-# On small machines one process holds all cores (no worker start-up). On bigger ones every
-# process gets this many Rayon threads. Measured on 16 cores (100 MB of code/docs, 32k BPE,
-# tokens/s as a fraction of one 16-thread encode_batch): tokenizers 16×1 0.33, 8×2 0.38–0.56,
-# 4×4 0.44–0.54; tiktoken 16×1 0.35, 8×2 0.46–0.58, 4×4 0.65–0.80.
+# Processes × threads. Small machines: one process per core, one thread each. Measured on 2 cores
+# (benchmarks/tokenize_breakdown.py, 64 MB of 1.6 KB instruction records, 32k BPE, cold, end to end
+# as a fraction of the raw ceiling, 3 interleaved rounds): tiktoken 2×1 2.06–2.49 against 1×2
+# 2.20–2.32 (2×1/1×2 per round 0.92–1.13), tokenizers 2×1 1.03–1.92 against 1×2 0.85–1.33 (1.17–1.44):
+# one process's Python side (ids → lists → arrays under one GIL) holds 2 threads back, and worker
+# start-up now overlaps the engine check. 3–4 cores follow the same rule, not measured.
+# Bigger machines: this many Rayon threads a process. Measured before that overlap on 16 cores
+# (100 MB of code/docs, 32k BPE, tokens/s as a fraction of one 16-thread encode_batch):
+# tokenizers 16×1 0.33, 8×2 0.38–0.56, 4×4 0.44–0.54; tiktoken 16×1 0.35, 8×2 0.46–0.58, 4×4 0.65–0.80.
 THREADS_PER_PROC_MANY_CORES = 4
 SMALL_MACHINE_CORES = 4
 # Memory a tokenize worker holds beyond its batch (interpreter, tokenizer, Arrow maps).
@@ -184,18 +189,20 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
 
     num_proc = _explicit("num_proc", tok.num_proc or res.num_proc, env)
     if num_proc is None:
+        by_mem = max(1, int(budget_gb / WORKER_BASE_GB))
         if hw.cores <= SMALL_MACHINE_CORES:
-            num_proc = Decision(
-                1, f"{hw.cores} cores: one process with all cores as Rayon threads avoids worker start-up"
+            by_cores = hw.cores
+            why = (
+                f"{hw.cores} cores, one process each: on 2 cores 2 processes × 1 thread measured 0.92–1.13× "
+                "1 × 2 with tiktoken and 1.17–1.44× with tokenizers (benchmarks/tokenize_breakdown.py)"
             )
         else:
             by_cores = max(1, hw.cores // THREADS_PER_PROC_MANY_CORES)
-            by_mem = max(1, int(budget_gb / WORKER_BASE_GB))
-            n = min(by_cores, by_mem)
             why = f"{hw.cores} cores / {THREADS_PER_PROC_MANY_CORES} threads each"
-            if by_mem < by_cores:
-                why += f", capped by memory budget {budget_gb:.1f} GB"
-            num_proc = Decision(n, why)
+        n = min(by_cores, by_mem)
+        if by_mem < by_cores:
+            why += f", capped by memory budget {budget_gb:.1f} GB"
+        num_proc = Decision(n, why)
 
     if tok.threads_per_proc is not None:
         threads = Decision(tok.threads_per_proc, "set in config (tokenize.threads_per_proc)")

@@ -18,8 +18,9 @@ def hw(cores=2, mem=16.0, gpus=()):
     "cores, mem, procs, threads",
     [
         (1, 8.0, 1, 1),
-        (2, 16.0, 1, 2),
-        (4, 16.0, 1, 4),
+        (2, 16.0, 2, 1),  # small machines: one process a core (benchmarks/tokenize_breakdown.py)
+        (4, 16.0, 4, 1),
+        (2, 0.8, 1, 2),  # memory budget 0.4 GB: one worker's worth
         (16, 128.0, 4, 4),
         (64, 512.0, 16, 4),
         (16, 1.0, 1, 16),  # memory budget 0.5 GB caps the workers
