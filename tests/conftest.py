@@ -243,3 +243,29 @@ def read_only(path):
         yield
     finally:
         undo(path)
+
+
+def units_baseline(tmp_path: Path, tokenizer_dir: Path) -> tuple[dict, dict]:
+    """The config the Dask and Ray flow tests map units with (dedup on, so signature units too), and
+    the summary of a local `prepare` of it into tmp_path/local."""
+    from moai.config import parse_config
+    from moai.pipeline import prepare
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(36_000, seed=6)])
+    base = {**config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}), "dedup": {"near": {}}}
+    return base, prepare(parse_config({**base, "cache_dir": str(tmp_path / "local")}), progress=False)
+
+
+def assert_units_match_local(tmp_path: Path, cache: str, local: dict, result: dict) -> None:
+    """A flow run whose units were mapped (cache tmp_path/<cache>) gives what the local run gave:
+    several tokenize parts, and the signatures, dedup output and token store byte for byte."""
+    assert result["num_tokens"] == local["num_tokens"]
+    parts = list((tmp_path / cache / "tokenize-parts").iterdir())
+    assert len([p for p in parts if not p.name.startswith(".")]) > 4  # several parts, spread over 4 units
+    for stage in ("signatures", "dedup", "tokenize"):
+        a, b = store_files(tmp_path / "local" / stage), store_files(tmp_path / cache / stage)
+        assert a.keys() == b.keys(), stage
+        # a text folder's state.json holds a fingerprint `datasets` makes from its work file's path
+        assert all(a[k] == b[k] for k in a if k.name != "state.json"), stage
+    dropped = local["stages"]["dedup"]["dropped"]
+    assert result["stages"]["dedup"]["dropped"] == dropped and dropped["exact_duplicate"] > 0

@@ -6,9 +6,8 @@ import contextlib
 
 import pytest
 
-from conftest import config_dict, make_texts, store_files as files, write_jsonl
+from conftest import assert_units_match_local, units_baseline
 from moai.config import parse_config
-from moai.pipeline import prepare
 
 # A Prefect test server and a Dask LocalCluster with worker processes.
 pytestmark = pytest.mark.slow
@@ -16,9 +15,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("where", ["local-cluster", "scheduler-address"])
 def test_dask_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenizer_dir, where):
-    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(36_000, seed=6)])
-    base = {**config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}), "dedup": {"near": {}}}
-    local = prepare(parse_config({**base, "cache_dir": str(tmp_path / "local")}), progress=False)
+    base, local = units_baseline(tmp_path, tokenizer_dir)
 
     with contextlib.ExitStack() as stack:
         runner = {"kind": "dask", "n_workers": 2, "num_shards": 4}
@@ -34,14 +31,4 @@ def test_dask_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenize
         cfg = parse_config({**base, "cache_dir": str(tmp_path / "dask"), "runner": runner})
         state = pretrain(cfg, return_state=True)
         assert state.is_completed(), state
-    result = state.result()
-    assert result["num_tokens"] == local["num_tokens"]
-    parts = list((tmp_path / "dask" / "tokenize-parts").iterdir())
-    assert len([p for p in parts if not p.name.startswith(".")]) > 4  # several parts, spread over 4 units
-    for stage in ("signatures", "dedup", "tokenize"):
-        a, b = files(tmp_path / "local" / stage), files(tmp_path / "dask" / stage)
-        assert a.keys() == b.keys(), stage
-        # a text folder's state.json holds a fingerprint `datasets` makes from its work file's path
-        assert all(a[k] == b[k] for k in a if k.name != "state.json"), stage
-    dropped = local["stages"]["dedup"]["dropped"]
-    assert result["stages"]["dedup"]["dropped"] == dropped and dropped["exact_duplicate"] > 0
+    assert_units_match_local(tmp_path, "dask", local, state.result())

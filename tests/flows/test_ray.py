@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT, config_dict, make_texts, store_files as files, subprocess_env, write_jsonl
+from conftest import PYTHON, ROOT, assert_units_match_local, config_dict, subprocess_env, units_baseline
 from moai import preflight
 from moai.config import ConfigError, parse_config
-from moai.pipeline import prepare
 
 
 def _free_port() -> int:
@@ -59,9 +58,7 @@ def _listens(port: int) -> bool:
 @pytest.mark.slow  # a Prefect test server and Ray (worker processes)
 @pytest.mark.parametrize("where", ["local-ray", "auto"])
 def test_ray_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenizer_dir, monkeypatch, where):
-    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(36_000, seed=6)])
-    base = {**config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}), "dedup": {"near": {}}}
-    local = prepare(parse_config({**base, "cache_dir": str(tmp_path / "local")}), progress=False)
+    base, local = units_baseline(tmp_path, tokenizer_dir)
 
     with contextlib.ExitStack() as stack:
         runner = {"kind": "ray", "n_workers": 2, "num_shards": 4}
@@ -76,17 +73,7 @@ def test_ray_gives_the_local_store(prefect_server, pretrain, tmp_path, tokenizer
         cfg = parse_config({**base, "cache_dir": str(tmp_path / "ray"), "runner": runner})
         state = pretrain(cfg, return_state=True)
         assert state.is_completed(), state
-    result = state.result()
-    assert result["num_tokens"] == local["num_tokens"]
-    parts = list((tmp_path / "ray" / "tokenize-parts").iterdir())
-    assert len([p for p in parts if not p.name.startswith(".")]) > 4  # several parts, spread over 4 units
-    for stage in ("signatures", "dedup", "tokenize"):
-        a, b = files(tmp_path / "local" / stage), files(tmp_path / "ray" / stage)
-        assert a.keys() == b.keys(), stage
-        # a text folder's state.json holds a fingerprint `datasets` makes from its work file's path
-        assert all(a[k] == b[k] for k in a if k.name != "state.json"), stage
-    dropped = local["stages"]["dedup"]["dropped"]
-    assert result["stages"]["dedup"]["dropped"] == dropped and dropped["exact_duplicate"] > 0
+    assert_units_match_local(tmp_path, "ray", local, state.result())
 
 
 @pytest.mark.slow  # starts a local Ray
