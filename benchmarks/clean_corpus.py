@@ -21,7 +21,7 @@ The documents are built from word lists and sentence templates, so nothing is do
   changes (a span in full-width forms, Korean decomposed into conjoining jamo);
 - near-duplicates (kind `near_dup`, `original` an earlier line): 1–6% of the words replaced,
   inserted or deleted, scattered or in one run, with `jaccard` the true Jaccard similarity of the
-  two documents' word 5-gram sets (`moai.clean.ngrams.ngram_set`, as dedup verifies);
+  two documents' word 5-gram sets (`moai.clean.shingles.shingle_set`, as dedup verifies);
 - planted (kind `planted`, `eval_id`): an English or Korean document with one evaluation item
   (15–40 words) inside it, its case and punctuation changed. evals.jsonl has four unplanted
   items for each planted one.
@@ -691,7 +691,7 @@ def _counts(num_docs: int, mix: str) -> dict[str, int]:
 
 def generate(out_dir: str | Path, num_docs: int, *, seed: int = 0, mix: str = "mixed") -> Corpus:
     """Write the corpus (see the module docstring) into `out_dir` and return it."""
-    from moai.clean.ngrams import ngram_set
+    from moai.clean.shingles import shingle_set
 
     rng = random.Random(seed)
     out = Path(out_dir)
@@ -740,10 +740,10 @@ def generate(out_dir: str | Path, num_docs: int, *, seed: int = 0, mix: str = "m
             variant, copy = exact_copy(rng, text)
             entry = {"kind": kind, "of": src, "variant": variant}
         else:
-            a = ngram_set(text, NGRAM)
+            a = shingle_set(text, NGRAM)
             while True:
                 mode, copy, fraction = near_copy(rng, text, vocab[t["kind"]])
-                b = ngram_set(copy, NGRAM)
+                b = shingle_set(copy, NGRAM)
                 jac = len(a & b) / len(a | b)
                 if jac < 1.0:
                     break

@@ -3,18 +3,21 @@
 Exact: a document's key is the 128-bit xxh3 of its text after Unicode NFKC and with every run of
 whitespace collapsed to one space (trimmed); documents with the same key are copies.
 
-Near: each document's word 5-grams (`moai.clean.ngrams`) are hashed by `num_perm` functions of
-the multiply-shift family, h_p(x) = (a_p · x + b_p) mod 2^64 >> 32 with a_p odd; the minimum of
-each over the document's n-grams is its signature, in which two documents agree at each position
-with probability equal to the Jaccard similarity of their n-gram sets. LSH cuts the signature
+Near: datatrove's MinHash. Each document's word 5-gram shingles (`moai.clean.shingles`, hashed
+as datatrove hashes them) go through `num_perm` hash functions ((a_p · x + b_p) mod 2^64) mod
+(2^61 − 1) drawn as datatrove draws them; the minimum of each over the document's shingles is its
+signature, in which two documents agree at each position with probability equal to the Jaccard
+similarity of their shingle sets. For the same seed the signatures equal datatrove's, so the two
+tools make the same candidate pairs (not only pairs equally likely: MinHash near the threshold is
+a coin toss, and two unrelated hash families disagree on ~12% of a realistic removed set). LSH cuts the signature
 into `bands` × `rows`; documents whose values agree on a whole band become candidates. With
 `verify`, a candidate pair is kept only when the exact Jaccard of the two n-gram sets reaches the
 threshold (LSH then only has to find the pairs, so the bands are chosen for recall). Candidate
 pairs join clusters (union-find, transitive); in a cluster the document that comes first (the
 earlier source in config order, then the earlier row) is kept and the others are dropped.
 
-Everything here is vectorised over a batch: the signature of a batch is `num_perm` passes of
-NumPy over all its n-grams, in blocks that keep memory to ~100 MB whatever the batch.
+Everything here is vectorised over a batch: the signature of a batch is NumPy passes over its
+shingles, in document-aligned blocks that stay in the CPU cache whatever the batch.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from moai.clean.ngrams import text_ngrams
+from moai.clean.ngrams import Ngrams
+from moai.clean.shingles import shingles
 
 EMPTY = np.uint64(2**64 - 1)  # the band hash of a document without any word (never a candidate)
 
@@ -78,8 +82,16 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
     return 1 - (1 - similarity**rows) ** bands
 
 
+_MERSENNE = np.uint64((1 << 61) - 1)
+
+
 @dataclass(frozen=True)
 class MinHasher:
+    """datatrove's MinHash (0.10, 64-bit): a document's shingles (`moai.clean.shingles`) are hashed
+    by `num_perm` functions h_p(x) = ((a_p · x + b_p) mod 2^64) mod (2^61 − 1), with a_p, b_p
+    drawn by `numpy.random.RandomState(seed)` as datatrove draws them; the minimum of each is the
+    signature. For the same seed the signatures equal datatrove's, value for value."""
+
     ngram: int
     num_perm: int
     bands: int
@@ -87,35 +99,27 @@ class MinHasher:
     seed: int = 1
 
     def _params(self) -> tuple[np.ndarray, np.ndarray]:
-        rng = np.random.default_rng(self.seed)
-        a = rng.integers(0, 2**63, size=self.num_perm, dtype=np.int64).astype(np.uint64) * np.uint64(2) + np.uint64(1)
-        b = rng.integers(0, 2**63, size=self.num_perm, dtype=np.int64).astype(np.uint64) * np.uint64(2)
+        gen = np.random.RandomState(self.seed)
+        a = gen.randint(1, _MERSENNE, dtype=np.uint64, size=self.num_perm)
+        b = gen.randint(0, _MERSENNE, dtype=np.uint64, size=self.num_perm)
         return a, b
 
     def signatures(self, texts: pa.Array | pa.ChunkedArray | list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(signatures (n, num_perm) uint32, has_ngrams (n,) bool)."""
-        ng = text_ngrams(texts, self.ngram)
-        counts = ng.counts()
-        n = len(counts)
-        sig = np.full((n, self.num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
-        has = counts > 0
-        if not has.any():
-            return sig, has
-        starts = ng.offsets[:-1][has]
+        """(signatures (n, num_perm) uint64, has_shingles (n,) bool)."""
+        arr = texts if isinstance(texts, pa.Array | pa.ChunkedArray) else pa.array(texts, type=pa.string())
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        n = len(arr)
+        sig = np.full((n, self.num_perm), np.iinfo(np.uint64).max, dtype=np.uint64)
+        has = np.zeros(n, dtype=bool)
         a, b = self._params()
-        # permutations × n-grams, a block of permutations at a time (~64 MB): a row is one
-        # contiguous pass, and the minimum of the 64-bit values' high halves is the high half of
-        # their minimum, so the shift is taken once per document, not once per n-gram.
-        x = ng.hashes
-        block = max(1, min(self.num_perm, 8_000_000 // max(1, len(x))))
-        buf = np.empty((block, len(x)), dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            for lo in range(0, self.num_perm, block):
-                hi = min(self.num_perm, lo + block)
-                v = buf[: hi - lo]
-                np.multiply(a[lo:hi, None], x[None, :], out=v)
-                v += b[lo:hi, None]
-                sig[has, lo:hi] = (np.minimum.reduceat(v, starts, axis=1) >> np.uint64(32)).T.astype(np.uint32)
+        # Small batches and blocks: every array stays in the CPU's cache and its memory is reused
+        # (fresh memory costs page faults that, on a VM, took longer than the arithmetic).
+        for lo in range(0, n, _DOCS_PER_BATCH):
+            ng = shingles(arr.slice(lo, _DOCS_PER_BATCH), self.ngram)
+            counts = ng.counts()
+            has[lo : lo + len(counts)] = counts > 0
+            _min_hashes(ng, a, b, sig[lo : lo + len(counts)])
         return sig, has
 
     def band_hashes(self, sig: np.ndarray, has: np.ndarray) -> np.ndarray:
@@ -134,6 +138,52 @@ class MinHasher:
     def __call__(self, texts: pa.Array | pa.ChunkedArray | list[str]) -> np.ndarray:
         sig, has = self.signatures(texts)
         return self.band_hashes(sig, has)
+
+
+_DOCS_PER_BATCH = 500
+_BLOCK = 65_536  # shingles per pass (× _PERMS_PER_PASS × 8 bytes: 1 MB, the L2 cache)
+_PERMS_PER_PASS = 2
+
+
+def _min_hashes(ng: Ngrams, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out[d] = the minimum over document d's shingles x of ((a·x + b) mod 2^64) mod (2^61 − 1),
+    for documents with shingles; computed in document-aligned blocks of about `_BLOCK` shingles."""
+    counts = ng.counts()
+    docs = np.flatnonzero(counts > 0)
+    if not len(docs):
+        return
+    x_all, off = ng.hashes, ng.offsets
+    # cut the documents into runs of about _BLOCK shingles (a longer document is a run alone)
+    cuts = np.unique(np.searchsorted(off[docs], np.arange(0, int(off[-1]), _BLOCK), side="right") - 1)
+    k = len(a)
+    width = _BLOCK
+    v = np.empty((_PERMS_PER_PASS, width), dtype=np.uint64)
+    w = np.empty_like(v)
+    with np.errstate(over="ignore"):
+        for c, first in enumerate(cuts):
+            run = docs[first : cuts[c + 1] if c + 1 < len(cuts) else len(docs)]
+            s0, s1 = int(off[run[0]]), int(off[run[-1] + 1])
+            x = x_all[s0:s1]
+            m = s1 - s0
+            if m > width:
+                width = m
+                v = np.empty((_PERMS_PER_PASS, width), dtype=np.uint64)
+                w = np.empty_like(v)
+            # documents without shingles have no slot in x: the reduction runs from each
+            # document's own start (strictly increasing) to the next one's
+            starts = off[run] - s0
+            for p in range(0, k, _PERMS_PER_PASS):
+                q = min(k, p + _PERMS_PER_PASS)
+                vv, ww = v[: q - p, :m], w[: q - p, :m]
+                np.multiply(a[p:q, None], x[None, :], out=vv)
+                vv += b[p:q, None]
+                np.right_shift(vv, np.uint64(61), out=ww)  # mod 2^61 − 1: hi · 2^61 + lo ≡ hi + lo
+                vv &= _MERSENNE
+                vv += ww
+                if vv.max() >= _MERSENNE:  # hi + lo ≥ p: about once in 2^58 values, so checked, not done
+                    np.subtract(vv, _MERSENNE, out=ww)  # below p this wraps high
+                    np.minimum(vv, ww, out=vv)
+                out[run, p:q] = np.minimum.reduceat(vv, starts, axis=1).T
 
 
 def _band_constants(rows: int) -> np.ndarray:

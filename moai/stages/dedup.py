@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from moai.clean.minhash import cluster, first_copies, jaccard_sorted
-from moai.clean.ngrams import text_ngrams
 from moai.clean.rows import Verdicts, apply_verdicts
+from moai.clean.shingles import shingles
 from moai.config import PipelineConfig
 from moai.formats.text import MappedTable
 from moai.report import timing
@@ -82,7 +82,7 @@ class _Texts:
         for g in todo:
             s, row = self.where(g)
             texts.append(self.tables[s][row].as_py() or "")
-        ng = text_ngrams(texts, self.ngram)
+        ng = shingles(texts, self.ngram)
         for i, g in enumerate(todo):
             self.cache[g] = np.unique(ng.hashes[ng.offsets[i] : ng.offsets[i + 1]])
         while len(self.cache) > max(self.limit, 2 * len(gids)):
@@ -93,7 +93,7 @@ class _Texts:
         got = self.cache.get(gid)
         if got is None:
             s, row = self.where(gid)
-            got = np.unique(text_ngrams([self.tables[s][row].as_py() or ""], self.ngram).hashes)
+            got = np.unique(shingles([self.tables[s][row].as_py() or ""], self.ngram).hashes)
             self.cache[gid] = got
             if len(self.cache) > self.limit:
                 self.cache.popitem(last=False)

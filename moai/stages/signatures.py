@@ -30,9 +30,9 @@ from moai.store import Store
 log = logging.getLogger(__name__)
 
 NAME = "signatures"
-VERSION = 2  # 2: parts of 5,000 rows
+VERSION = 3  # 2: parts of 5,000 rows; 3: datatrove's shingles and MinHash, parts of 2,000 rows
 PARTS_STAGE = "signatures-parts"
-ROWS_PER_PART = 5_000  # small enough to keep every worker busy; each part starts a little work
+ROWS_PER_PART = 2_000  # small enough to keep every worker busy to the end; each part starts a little work
 
 
 def enabled(config: PipelineConfig) -> bool:

@@ -29,7 +29,7 @@ import pytest
 
 from moai import pipeline
 from moai.clean.minhash import exact_keys
-from moai.clean.ngrams import ngram_set
+from moai.clean.shingles import shingle_set
 from moai.config import parse_config
 from moai.formats.text import MappedTable
 
@@ -70,7 +70,7 @@ def kept(result) -> list[str]:
 
 
 def jaccard(a: str, b: str) -> float:
-    x, y = ngram_set(a, 5), ngram_set(b, 5)
+    x, y = shingle_set(a, 5), shingle_set(b, 5)
     return len(x & y) / len(x | y)
 
 
