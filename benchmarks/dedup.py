@@ -262,7 +262,7 @@ def clusters_from_pairs(pairs) -> dict[int, int]:
 
 def score(root: dict[int, int], docs: list[dict], texts: list[str]) -> dict:
     """Recall over the planted copies and precision of removing every non-first cluster member."""
-    from moai.clean.ngrams import ngram_set
+    from moai.clean.shingles import shingle_set
 
     def first(x: int) -> int:
         return root.get(x, x)
@@ -282,7 +282,7 @@ def score(root: dict[int, int], docs: list[dict], texts: list[str]) -> dict:
         if d.get("original") is not None and first(d["original"]) == r and d.get("jaccard", 1.0) >= THRESHOLD:
             right += 1
             continue
-        a, b = ngram_set(texts[x], NGRAM), ngram_set(texts[r], NGRAM)
+        a, b = shingle_set(texts[x], NGRAM), shingle_set(texts[r], NGRAM)
         right += len(a & b) / len(a | b) >= THRESHOLD
     out["precision"] = round(right / len(removed), 4) if removed else None
     out["removed_if_first_kept"] = len(removed)
