@@ -155,7 +155,9 @@ class NearDedupConfig(_Model):
     verify: bool = Field(
         True, description="Keep a candidate pair only if the exact Jaccard of its n-gram sets reaches the threshold."
     )
-    seed: int = Field(1, description="Seeds the MinHash permutations.")
+    seed: int = Field(
+        1, description="Seeds the MinHash permutations (drawn as datatrove draws them; 1 is datatrove's default)."
+    )
 
     @model_validator(mode="after")
     def _bands_rows(self) -> NearDedupConfig:
