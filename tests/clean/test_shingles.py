@@ -138,3 +138,19 @@ def test_shingles_do_not_depend_on_the_batch(texts):
         assert alone == together.hashes[together.offsets[i] : together.offsets[i + 1]].tolist()
     counts = shingles(["", "one", "a b c d e f g"], 5).counts().tolist()
     assert counts == [0, 1, 3]  # no word: none; fewer than n: one of all; else one per window
+
+
+def test_string_types_slices_and_nulls_give_the_same_shingles():
+    import pyarrow as pa
+
+    t = ["Café one two three four five six", "학교에서 공부를 했다 그리고 집에 갔다", "", None]
+    ref = shingles(pa.array(t, type=pa.string()), 3)
+    assert ref.counts().tolist() == [5, 4, 0, 0]
+    for other in (
+        pa.array(t, type=pa.large_string()),
+        pa.chunked_array([pa.array(t[:2]), pa.array(t[2:], type=pa.string())]),
+        pa.array(["x", *t]).slice(1),
+    ):
+        got = shingles(other, 3)
+        assert got.hashes.tolist() == ref.hashes.tolist()
+        assert got.offsets.tolist() == ref.offsets.tolist()
