@@ -9,12 +9,13 @@ as datatrove hashes them) go through `num_perm` hash functions ((a_p · x + b_p)
 signature, in which two documents agree at each position with probability equal to the Jaccard
 similarity of their shingle sets. For the same seed the signatures equal datatrove's, so the two
 tools make the same candidate pairs (not only pairs equally likely: MinHash near the threshold is
-a coin toss, and two unrelated hash families disagree on ~12% of a realistic removed set). LSH cuts the signature
-into `bands` × `rows`; documents whose values agree on a whole band become candidates. With
-`verify`, a candidate pair is kept only when the exact Jaccard of the two n-gram sets reaches the
-threshold (LSH then only has to find the pairs, so the bands are chosen for recall). Candidate
-pairs join clusters (union-find, transitive); in a cluster the document that comes first (the
-earlier source in config order, then the earlier row) is kept and the others are dropped.
+a coin toss, and the same MinHash with another seed disagrees on ~13% of a realistic removed set,
+as did moai's earlier hash family). LSH cuts the signature into `bands` × `rows`; documents whose
+values agree on a whole band become candidates. With `verify`, a candidate pair is kept only when
+the exact Jaccard of the two shingle sets reaches the threshold (LSH then only has to find the
+pairs, so the bands are chosen for recall). Candidate pairs join clusters (union-find,
+transitive); in a cluster the document that comes first (the earlier source in config order,
+then the earlier row) is kept and the others are dropped.
 
 Everything here is vectorised over a batch: the signature of a batch is NumPy passes over its
 shingles, in document-aligned blocks that stay in the CPU cache whatever the batch.
