@@ -154,3 +154,26 @@ def test_string_types_slices_and_nulls_give_the_same_shingles():
         got = shingles(other, 3)
         assert got.hashes.tolist() == ref.hashes.tolist()
         assert got.offsets.tolist() == ref.offsets.tolist()
+
+
+def test_the_mersenne_reduction_matches_python_integers_including_its_rare_branch():
+    """((a·x + b) mod 2^64) mod (2^61 − 1) per document minimum, against Python's integers; the
+    crafted x = 2^62 − 2 with a = 1, b = 0 reduces to hi + lo = p, the branch taken once in ~2^58."""
+    from moai.clean.minhash import _min_hashes
+    from moai.clean.ngrams import Ngrams
+
+    p = (1 << 61) - 1
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 2**63, size=300, dtype=np.int64).astype(np.uint64)
+    x[17] = np.uint64((1 << 62) - 2)
+    offsets = np.array([0, 17, 18, 18, 300], dtype=np.int64)  # the crafted value alone; an empty document
+    a = np.array([1, *rng.integers(1, p, size=4)], dtype=np.uint64)
+    b = np.array([0, *rng.integers(0, p, size=4)], dtype=np.uint64)
+    out = np.full((4, 5), np.iinfo(np.uint64).max, dtype=np.uint64)
+    _min_hashes(Ngrams(x, offsets), a, b, out)
+    for d in range(4):
+        xs = [int(v) for v in x[offsets[d] : offsets[d + 1]]]
+        for j in range(5):
+            want = min(((int(a[j]) * v + int(b[j])) % 2**64) % p for v in xs) if xs else 2**64 - 1
+            assert int(out[d, j]) == want, (d, j)
+    assert int(out[1, 0]) == 0
