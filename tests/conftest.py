@@ -129,6 +129,30 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
+def moai_cli(*args: str, cwd, env: dict[str, str] | None = None, timeout: float = 300):
+    """`python -m moai.cli ARGS` in `cwd` (output captured as text), with the repository importable."""
+    return subprocess.run(
+        [PYTHON, "-m", "moai.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**subprocess_env(), **(env or {})},
+        timeout=timeout,
+    )
+
+
+# The tiny Llama the training tests launch (`train.model`).
+TINY_MODEL = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
+
+
 def run_offline(code: str, tmp_path: Path):
     """Run Python code in a fresh process with the Hugging Face offline switches set before import."""
     import subprocess

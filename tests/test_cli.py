@@ -7,21 +7,10 @@ import time
 import pytest
 import yaml
 
-from conftest import PYTHON, config_dict, subprocess_env
+from conftest import PYTHON, config_dict, moai_cli as moai, subprocess_env
 
 # Every test here runs the CLI in a subprocess.
 pytestmark = pytest.mark.slow
-
-
-def moai(*args, cwd, env=None):
-    return subprocess.run(
-        [PYTHON, "-m", "moai.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**subprocess_env(), **(env or {})},
-        timeout=300,
-    )
 
 
 def test_plan_prints_config_and_reasons_and_runs_nothing(tmp_path, corpus):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PYTHON, config_dict, subprocess_env
+from conftest import PYTHON, config_dict, moai_cli, subprocess_env
 from moai.cli import EXAMPLES, environment_error, main
 from moai.report import stage_table
 
@@ -133,14 +133,7 @@ def test_readme_config_prepares_as_pasted_with_a_summary_and_no_bars(tmp_path):
     runs, prints one summary line per stage, and --no-progress leaves no progress bar."""
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     (tmp_path / "my.yaml").write_text(_readme_config())
-    out = subprocess.run(
-        [PYTHON, "-m", "moai.cli", "prepare", "my.yaml", "--no-progress"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=300,
-    )
+    out = moai_cli("prepare", "my.yaml", "--no-progress", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "Saving the dataset" not in out.stderr and "it/s" not in out.stderr
     summary = [line for line in out.stderr.splitlines() if re.match(r"moai: \w+ +(built|reused) ", line)]

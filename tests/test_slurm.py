@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PYTHON, ROOT, config_dict, make_texts, store_files, subprocess_env, write_jsonl
+from conftest import PYTHON, ROOT, TINY_MODEL, config_dict, make_texts, store_files, subprocess_env, write_jsonl
 from slurm_cluster import one_node_slurm
 
 SLURM = ROOT / "deployments" / "slurm"
@@ -34,15 +34,6 @@ KNOWN = {
     "--nodes",
     "--ntasks-per-node",
     "--gpus-per-node",
-}
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
 }
 
 
@@ -375,7 +366,7 @@ def test_real_slurm_failed_shard_is_recovered_with_one_command(slurm, sharded, t
 @pytest.mark.slow
 def test_real_slurm_train_on_a_node_without_gpus(slurm, tmp_path, corpus, tokenizer_dir):
     out_dir = tmp_path / "run"
-    train = {"model_config": TINY, "output_dir": str(out_dir), "max_steps": 4, "micro_batch_size": 4}
+    train = {"model_config": TINY_MODEL, "output_dir": str(out_dir), "max_steps": 4, "micro_batch_size": 4}
     train |= {"log_every": 1, "save_every": 4, "eval_batches": 2, "tracker": "none"}
     cfg = tmp_path / "t.yaml"
     cfg.write_text(yaml.safe_dump(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}, train=train)))

@@ -297,19 +297,11 @@ def test_the_cleaning_example_prints_what_the_readme_shows(tmp_path):
     (rows in → out and dropped by reason; not the seconds)."""
     import re
     import shutil
-    import subprocess
 
-    from conftest import PYTHON, ROOT, subprocess_env
+    from conftest import ROOT, moai_cli
 
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    out = subprocess.run(
-        [PYTHON, "-m", "moai.cli", "prepare", "examples/clean.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=300,
-    )
+    out = moai_cli("prepare", "examples/clean.yaml", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
 
     def counts(lines):

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import real_tokenizers as rt
-from conftest import PYTHON, ROOT, subprocess_env, write_jsonl
+from conftest import ROOT, moai_cli, write_jsonl
 from moai.config import ConfigError, parse_config
 from moai.errors import DataError
 from moai.formats.tokens import TokenStore
@@ -164,14 +163,7 @@ def test_the_chat_example_prepares(tmp_path):
         json.loads(json.dumps(__import__("yaml").safe_load((ROOT / "examples" / "chat.yaml").read_text())))
     )
     assert cfg.source is not None and cfg.source.format == "chat"
-    res = subprocess.run(
-        [PYTHON, "-m", "moai.cli", "prepare", "examples/chat.yaml", "--no-progress"],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        timeout=300,
-    )
+    res = moai_cli("prepare", "examples/chat.yaml", "--no-progress", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     split = TokenStore(out["token_store"]).split("train")

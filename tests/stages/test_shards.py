@@ -8,18 +8,20 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import PYTHON, config_dict, make_texts, store_files as files, subprocess_env, write_jsonl
+from conftest import (
+    PYTHON,
+    config_dict,
+    make_texts,
+    moai_cli as moai,
+    store_files as files,
+    subprocess_env,
+    write_jsonl,
+)
 from moai.config import parse_config
 from moai.pipeline import prepare
 
 # Every test here runs the CLI in subprocesses (tokenize-shard, merge).
 pytestmark = pytest.mark.slow
-
-
-def moai(*args, cwd):
-    return subprocess.run(
-        [PYTHON, "-m", "moai.cli", *args], capture_output=True, text=True, cwd=cwd, env=subprocess_env(), timeout=300
-    )
 
 
 def test_shards_in_any_order_merge_to_the_local_store(tmp_path, tokenizer_dir):

@@ -13,19 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PYTHON, ROOT, subprocess_env, train_bpe, write_jsonl
+from conftest import PYTHON, ROOT, TINY_MODEL, subprocess_env, train_bpe, write_jsonl
 from moai.config import parse_config
 from moai.launch import Launch, TrainingFailed, launch_command, run_launch
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-}
 # Every test here starts processes: `accelerate launch` with its ranks, or the CLI that runs it.
 pytestmark = pytest.mark.slow
 
@@ -50,7 +41,7 @@ def config(root: Path, corpus, tok, out: Path, **train) -> dict:
         "pack": {"seq_len": 32},
         "split": {"val_fraction": 0.05},
         "train": {
-            "model_config": TINY,
+            "model_config": TINY_MODEL,
             "output_dir": str(out),
             "max_steps": 20,
             "micro_batch_size": 4,
@@ -141,7 +132,7 @@ def test_two_cpu_ranks_see_disjoint_samples(learnable, tmp_path):
 
 def test_a_failing_rank_fails_the_launch_fast_with_one_line_and_a_full_log(tmp_path):
     t = parse_config(
-        {"source": {"path": "x"}, "tokenizer": {"path": "t"}, "train": {"model_config": TINY, "num_processes": 2}}
+        {"source": {"path": "x"}, "tokenizer": {"path": "t"}, "train": {"model_config": TINY_MODEL, "num_processes": 2}}
     ).train
     acc = tmp_path / "accelerate.yaml"
     from moai.launch import BASE_ACCELERATE_CONFIG
@@ -264,7 +255,7 @@ def test_a_failing_training_is_one_line_on_the_terminal(learnable, tmp_path):
     root, corpus, tok = learnable
     out = tmp_path / "bad"
     cfg = config(root, corpus, tok, out, num_processes=2, max_steps=2)
-    cfg["train"]["model_config"] = {**TINY, "num_key_value_heads": 3}  # fails in the first forward pass
+    cfg["train"]["model_config"] = {**TINY_MODEL, "num_key_value_heads": 3}  # fails in the first forward pass
     res = moai_cli(cfg, tmp_path)
     assert res.returncode == 1
     last = res.stderr.strip().splitlines()[-1]
