@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from moai.clean.ngrams import Ngrams
+from moai.clean.ngrams import Ngrams, string_array
 from moai.clean.shingles import shingles
 
 EMPTY = np.uint64(2**64 - 1)  # the band hash of a document without any word (never a candidate)
@@ -107,9 +107,7 @@ class MinHasher:
 
     def signatures(self, texts: pa.Array | pa.ChunkedArray | list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(signatures (n, num_perm) uint64, has_shingles (n,) bool)."""
-        arr = texts if isinstance(texts, pa.Array | pa.ChunkedArray) else pa.array(texts, type=pa.string())
-        if isinstance(arr, pa.ChunkedArray):
-            arr = arr.combine_chunks()
+        arr = string_array(texts)
         n = len(arr)
         sig = np.full((n, self.num_perm), np.iinfo(np.uint64).max, dtype=np.uint64)
         has = np.zeros(n, dtype=bool)

@@ -46,11 +46,15 @@ class Ngrams:
         return np.diff(self.offsets)
 
 
+def string_array(texts: pa.Array | pa.ChunkedArray | list[str]) -> pa.Array:
+    """The texts as one Arrow array (a list of str, or chunks combined)."""
+    arr = texts if isinstance(texts, pa.Array | pa.ChunkedArray) else pa.array(texts, type=pa.string())
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
 def normalised_words(texts: pa.Array | pa.ChunkedArray | list[str]) -> pa.ListArray:
     """Each document's words (steps 1–3 above), as one Arrow list array."""
-    arr = texts if isinstance(texts, pa.Array | pa.ChunkedArray) else pa.array(texts, type=pa.string())
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
+    arr = string_array(texts)
     arr = pc.utf8_lower(pc.utf8_normalize(arr.fill_null(""), "NFKC"))
     arr = pc.utf8_trim_whitespace(pc.replace_substring_regex(arr, _NOT_WORD, " "))
     return pc.utf8_split_whitespace(arr)

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from moai.clean.ngrams import Ngrams
+from moai.clean.ngrams import Ngrams, string_array
 from moai.clean.xxh64 import xxh64_spans
 
 # datatrove.utils.text.PUNCTUATION (0.10): these become spaces.
@@ -41,9 +41,7 @@ _WS_RUN = f"[ {_WS}]{{2,}}|[{_WS}]"
 
 def simplified(texts: pa.Array | pa.ChunkedArray | list[str]) -> pa.Array:
     """Each text simplified (step 1), with its words separated by exactly one space."""
-    arr = texts if isinstance(texts, pa.Array | pa.ChunkedArray) else pa.array(texts, type=pa.string())
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
+    arr = string_array(texts)
     arr = pc.utf8_lower(arr.fill_null(""))
     arr = pc.replace_substring_regex(arr, _NUMBER, "0")
     arr = pc.replace_substring_regex(arr, _PUNCT_RUN, " ")
