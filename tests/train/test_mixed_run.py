@@ -8,9 +8,8 @@ import re
 
 import numpy as np
 import pytest
-from test_run import TINY
 
-from conftest import ROOT, train_bpe
+from conftest import ROOT, TINY_MODEL, train_bpe
 from mixed_sources import make_sources, source_texts, write_mixed_index
 from moai.config import parse_config
 from moai.launch import Launch, TrainingFailed, free_port, launch_command, resolve, run_launch
@@ -36,7 +35,7 @@ def train(mix, out, index=None, **train):
     """One launch; returns the records `run_launch` handed to on_metrics."""
     _, tok, stores, default, _ = mix
     t = {
-        "model_config": TINY,
+        "model_config": TINY_MODEL,
         "output_dir": str(out),
         "max_steps": 24,
         "micro_batch_size": 8,
