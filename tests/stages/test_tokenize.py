@@ -159,3 +159,22 @@ def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
     )
     spec, reason = tk.choose_engine("auto", info, ["hello world"], 1, tk.transformers_reference(info)(["hello world"]))
     assert spec is None and "differ" in reason and "sample document 0" in reason
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_the_piece_rule_is_checked_only_when_a_document_is_large_enough(tmp_path, tok, monkeypatch, large):
+    """Without a document over LARGE_DOCUMENT_BYTES the cut rule is never used: it is not checked
+    (~0.3-0.6 s a run) and no process may encode in pieces; with one it is checked and allowed."""
+    from moai.stages.tokenize import pieces
+
+    _, info = tok
+    texts = [t for t in make_texts(300, seed=3) if t.strip()]
+    saved = saved_text(tmp_path, texts)
+    checked = []
+    original = pieces.check_cut_rule
+    monkeypatch.setattr(pieces, "check_cut_rule", lambda *a, **k: checked.append(1) or original(*a, **k))
+    if large:
+        monkeypatch.setattr(pieces, "LARGE_DOCUMENT_BYTES", max(len(t.encode()) for t in texts) - 1)
+    choice = tk.choose_encoder(info, saved, "auto", 1)
+    assert bool(checked) is large
+    assert choice.pieces_reason is None and choice.setup.pieces_exact is large
