@@ -39,9 +39,8 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from moai.config import PipelineConfig
 from moai.formats.text import MappedTable, text_bytes
 from moai.report import timing
 
@@ -78,6 +77,9 @@ from moai.stages.tokenize.parts import (
     write_store_meta,
 )
 from moai.stages.tokenizer import TokenizerInfo, info_of
+
+if TYPE_CHECKING:  # a worker imports this package: it needs no pydantic
+    from moai.config import PipelineConfig
 
 __all__ = [
     "BATCH_MAX_BYTES",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
@@ -125,9 +124,9 @@ def _merge_priorities_follow_ids(merges: list, vocab: dict[str, int]) -> None:
 
 def spec_from_tokenizer_json(backend_json: str, split_special_tokens: bool = False) -> TiktokenSpec:
     """Build the tiktoken spec of a tokenizer.json, or raise `NotExpressible` naming the obstacle."""
-    from tokenizers import Tokenizer
+    from moai.stages.tokenizer import parsed_backend, rust_backend
 
-    data = json.loads(backend_json)
+    data = parsed_backend(backend_json)
     model = data["model"]
     if model.get("type") != "BPE":
         raise NotExpressible(f"model type {model.get('type')} is not BPE")
@@ -162,7 +161,7 @@ def spec_from_tokenizer_json(backend_json: str, split_special_tokens: bool = Fal
         ranks.pop(added["content"].encode(), None)
     _merge_priorities_follow_ids(model.get("merges", []), model["vocab"])
 
-    tok = Tokenizer.from_str(backend_json)
+    tok = rust_backend(backend_json)
     if not model.get("ignore_merges"):
         # tiktoken takes a piece found whole in the vocabulary as one token; without
         # ignore_merges, BPE does so only if merging the token's bytes gives the token back.
