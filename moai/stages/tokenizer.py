@@ -173,10 +173,11 @@ def loaded_tokenizer(path: str, trust_remote_code: bool = False):
     return _loaded[key]
 
 
-# The last backend pipeline written out (`backend_pipeline`): the loaded tokenizer, its JSON text
-# and that text parsed. Writing out and parsing a 131k-vocabulary pipeline costs ~1 s each time,
-# and one run needs it three times (the tokenizer stage, the tokenize stage, the tiktoken spec).
-_backend: list[Any] = [None, "", {}]
+# The last backend pipeline written out (`backend_pipeline`): (the loaded tokenizer, its JSON text,
+# that text parsed), replaced whole so a reader never mixes two. Writing out and parsing a
+# 131k-vocabulary pipeline costs ~1 s each time, and one run needs it three times (the tokenizer
+# stage, the tokenize stage, the tiktoken spec).
+_backend: tuple[Any, str, dict[str, Any]] = (None, "", {})
 
 
 def backend_pipeline(tok) -> str:
@@ -185,20 +186,22 @@ def backend_pipeline(tok) -> str:
     truncation=True/padding=True carries them; transformers switches both off per call, the raw
     backend would apply them). Made once per loaded tokenizer object (`loaded_tokenizer` shares
     them); `parsed_backend` gives the parsed form without parsing it again."""
-    if _backend[0] is not tok:
-        backend = json.loads(tok.backend_tokenizer.to_str())
-        backend["truncation"] = None
-        backend["padding"] = None
-        _backend[:] = [tok, json.dumps(backend, ensure_ascii=False), backend]
+    global _backend
+    last = _backend
+    if last[0] is tok:
+        return last[1]
+    backend = json.loads(tok.backend_tokenizer.to_str())
+    backend["truncation"] = None
+    backend["padding"] = None
+    _backend = (tok, json.dumps(backend, ensure_ascii=False), backend)
     return _backend[1]
 
 
 def parsed_backend(backend_json: str) -> dict[str, Any]:
     """`json.loads(backend_json)`, without parsing it again when `backend_pipeline` just made it.
     Shared: read it, do not change it."""
-    if backend_json is _backend[1] or backend_json == _backend[1]:
-        return _backend[2]
-    return json.loads(backend_json)
+    _, text, parsed = _backend
+    return parsed if backend_json is text or backend_json == text else json.loads(backend_json)
 
 
 def rust_backend(backend_json: str):
@@ -208,8 +211,9 @@ def rust_backend(backend_json: str):
     tokens). Shared: encode with it, do not change it."""
     from tokenizers import Tokenizer
 
-    if backend_json is _backend[1] or backend_json == _backend[1]:
-        rust = _backend[0].backend_tokenizer
+    tok, text, _ = _backend
+    if backend_json is text or backend_json == text:
+        rust = tok.backend_tokenizer
         if rust.truncation is None and rust.padding is None:
             return rust
     return Tokenizer.from_str(backend_json)
