@@ -95,3 +95,29 @@ def test_a_local_tokenizer_is_adopted_by_copy_and_loaded_once_per_content(tmp_pa
     cfg_file.write_text(json.dumps(cfg))  # other content: loaded again
     again = loaded_tokenizer(str(published))
     assert again is not tok and again.model_max_length == 77
+
+
+def test_the_backend_pipeline_is_written_out_once_and_shared(tokenizer_dir, bos_tokenizer_dir):
+    """describe runs in the tokenizer and the tokenize stage and the tiktoken spec reads the same
+    pipeline: one JSON text per loaded tokenizer, its parsed form and Rust object reused, and
+    anything else (another text, a backend with truncation set) made anew."""
+    from moai.stages import tokenizer as tokenizer_stage
+
+    tok = load_tokenizer(str(tokenizer_dir))
+    text = describe(tok, "a", "fp").backend_json
+    assert describe(tok, "b", "fp2").backend_json is text
+    parsed = json.loads(text)
+    assert parsed["truncation"] is None and parsed["padding"] is None
+    assert tokenizer_stage.parsed_backend(text) == parsed
+    assert tokenizer_stage.rust_backend(text) is tok.backend_tokenizer
+    assert tokenizer_stage.rust_backend(json.dumps(parsed)) is not tok.backend_tokenizer  # another text
+    tok.backend_tokenizer.enable_truncation(4)  # as a saved tokenizer.json may carry
+    try:
+        fresh = tokenizer_stage.rust_backend(text)
+        assert fresh is not tok.backend_tokenizer and fresh.truncation is None
+        assert len(fresh.encode("a b c d e f g h").ids) > 4
+    finally:
+        tok.backend_tokenizer.no_truncation()
+    other = load_tokenizer(str(bos_tokenizer_dir))
+    other_text = describe(other, "c", "fp3").backend_json
+    assert other_text != text and tokenizer_stage.parsed_backend(text) == parsed  # parsed again, not mixed up
