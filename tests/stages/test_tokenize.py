@@ -178,3 +178,24 @@ def test_the_piece_rule_is_checked_only_when_a_document_is_large_enough(tmp_path
     choice = tk.choose_encoder(info, saved, "auto", 1)
     assert bool(checked) is large
     assert choice.pieces_reason is None and choice.setup.pieces_exact is large
+
+
+def test_tiktoken_hands_the_parts_arrays_with_the_same_ids(tok):
+    """The parts take tiktoken's ids as arrays straight from its buffer (no Python int per
+    token); they are the very ids of the list path the checks compare with transformers."""
+    from moai.stages.tokenize.tiktoken import TiktokenEncoder
+
+    _, info = tok
+    enc = TiktokenEncoder(spec_from_tokenizer_json(info.backend_json), 2)
+    texts = [*make_texts(300, seed=5), "<eos>", "", "a<pad>b", "한국어 🙂"]
+    arrays = enc.encode_arrays(texts)
+    assert all(isinstance(a, np.ndarray) and a.dtype == np.uint32 for a in arrays)
+    assert [a.tolist() for a in arrays] == enc.encode_batch(texts, True)
+    from moai.stages.tokenize.engine import state
+
+    for spec in (spec_from_tokenizer_json(info.backend_json), None):
+        tk.init_encoder(tk.EncoderSetup(info.backend_json, info.split_special_tokens, spec, 1, False))
+        try:
+            assert (state["encode_arrays"] is not None) is (spec is not None)  # tiktoken only
+        finally:
+            tk.clear_encoder()

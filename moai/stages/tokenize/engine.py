@@ -183,6 +183,9 @@ def init_encoder(
     if encode is None:
         encode = pieces.make_encoder(setup.backend_json, setup.split_special_tokens, setup.spec, setup.threads)
     state["encode"] = encode
+    # tiktoken's encoder can also hand each document's ids over as an array (`encode_arrays`):
+    # the parts use that, the checks and the piece encoder keep the lists of `encode`.
+    state["encode_arrays"] = getattr(getattr(encode, "__self__", None), "encode_arrays", None)
     state["pieces"] = pieces.PieceEncoder(encode) if setup.pieces_exact else None
     state["tables"] = {}
     state["forced_cuts"] = 0

@@ -108,7 +108,8 @@ def _profile() -> Profile:
 def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Encode texts with the process's encoder: (flat ids with EOS after each, document lengths)."""
     t0 = time.perf_counter()
-    ids = state["encode"](texts, True)
+    arrays = state.get("encode_arrays")
+    ids = arrays(texts) if arrays is not None else state["encode"](texts, True)
     t1 = time.perf_counter()
     lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
     ends = np.cumsum(lengths)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+import numpy as np
+
 # The GPT-2 split pattern that tokenizers' ByteLevel(use_regex=True) applies.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -209,16 +211,21 @@ class TiktokenEncoder:
         self._core: Any = getattr(self.enc, "_core_bpe", None)
         self._pool: Any = None  # a ThreadPoolExecutor, made on first use
 
-    def _encode_run(self, texts: list[str]) -> list[list[int]]:
-        core, allowed, out = self._core, self.allowed, []
+    def _encode_run(self, texts: list[str], arrays: bool = False) -> list[Any]:
+        core, allowed = self._core, self.allowed
+        out: list[Any] = []
+        to_buffer = getattr(core, "encode_to_tiktoken_buffer", None) if arrays else None
         for t in texts:
             try:
-                out.append(core.encode(t, allowed))
+                if to_buffer is not None:
+                    out.append(np.frombuffer(to_buffer(t, allowed), dtype=np.uint32))
+                else:
+                    out.append(core.encode(t, allowed))
             except UnicodeEncodeError:  # lone surrogates: tiktoken's own fix-up, in `encode`
                 out.append(self.enc.encode(t, allowed_special=self.allowed, disallowed_special=()))
         return out
 
-    def _encode_all(self, texts: list[str]) -> list[list[int]]:
+    def _encode_all(self, texts: list[str], arrays: bool = False) -> list[Any]:
         if self._core is None:  # a tiktoken without the attribute: its public batch call
             # disallowed_special=(): special-token text that is not allowed is encoded as plain text
             return self.enc.encode_batch(
@@ -226,15 +233,27 @@ class TiktokenEncoder:
             )
         runs = self.num_threads * self.RUNS_PER_THREAD
         if self.num_threads <= 1 or len(texts) < 2 * runs:
-            return self._encode_run(texts)
+            return self._encode_run(texts, arrays)
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="moai-tiktoken")
         cum = list(itertools.accumulate(len(t) for t in texts))
         cuts = sorted({0, len(texts), *(bisect.bisect_left(cum, cum[-1] * i // runs) for i in range(1, runs))})
-        futures = [self._pool.submit(self._encode_run, texts[a:b]) for a, b in itertools.pairwise(cuts)]
+        futures = [self._pool.submit(self._encode_run, texts[a:b], arrays) for a, b in itertools.pairwise(cuts)]
         return [ids for f in futures for ids in f.result()]
+
+    def encode_arrays(self, texts: list[str]) -> list[np.ndarray | list[int]]:
+        """`encode_batch(texts, True)` as uint32 arrays, straight from tiktoken's buffer: no Python
+        int per token (~20% of the encoding's CPU on 1.6 KB documents); a text with lone
+        surrogates comes back as a list."""
+        for form in self.normalization:
+            texts = [unicodedata.normalize(form, t) for t in texts]
+        out = self._encode_all(texts, arrays=True)
+        if self.prefix or self.suffix:
+            pre, suf = np.asarray(self.prefix, dtype=np.uint32), np.asarray(self.suffix, dtype=np.uint32)
+            out = [np.concatenate([pre, np.asarray(ids, dtype=np.uint32), suf]) for ids in out]
+        return out
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         for form in self.normalization:
