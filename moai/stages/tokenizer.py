@@ -197,11 +197,17 @@ def backend_pipeline(tok) -> str:
     return _backend[1]
 
 
+def _made(backend_json: str) -> tuple[Any, str, dict[str, Any]] | None:
+    """The cached (tokenizer, text, parsed) when `backend_pipeline` made exactly this text."""
+    last = _backend
+    return last if backend_json is last[1] or backend_json == last[1] else None
+
+
 def parsed_backend(backend_json: str) -> dict[str, Any]:
     """`json.loads(backend_json)`, without parsing it again when `backend_pipeline` just made it.
     Shared: read it, do not change it."""
-    _, text, parsed = _backend
-    return parsed if backend_json is text or backend_json == text else json.loads(backend_json)
+    made = _made(backend_json)
+    return made[2] if made is not None else json.loads(backend_json)
 
 
 def rust_backend(backend_json: str):
@@ -211,9 +217,9 @@ def rust_backend(backend_json: str):
     tokens). Shared: encode with it, do not change it."""
     from tokenizers import Tokenizer
 
-    tok, text, _ = _backend
-    if backend_json is text or backend_json == text:
-        rust = tok.backend_tokenizer
+    made = _made(backend_json)
+    if made is not None:
+        rust = made[0].backend_tokenizer
         if rust.truncation is None and rust.padding is None:
             return rust
     return Tokenizer.from_str(backend_json)
