@@ -79,6 +79,8 @@ def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, t
     two = run_tokenize(saved, tmp_path / "two", info, 2, engine)
     assert one["tokens"] == two["tokens"] and two["processes"] == 2
     assert one["engine"] == two["engine"] == ("tiktoken" if engine == "auto" else "tokenizers")
+    # each worker reports its encoding's wall and CPU seconds (the breakdown benchmark's bound uses them)
+    assert len(two["profile"]) == 2 and all(p["wall"] > 0 and p["cpu"] > 0 for p in two["profile"])
 
     import datasets
 

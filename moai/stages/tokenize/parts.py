@@ -132,7 +132,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     tables = state["tables"]
     profile = _profile()
     profile.take()  # what warm-up and checks spent is not part of it
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
 
     def batches():
         """Lists of (job, texts) pieces across part edges, of at most batch_size documents and
@@ -228,6 +228,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         results[0]["profile"] = {
             "pid": os.getpid(),
             "wall": round(time.perf_counter() - started, 4),
+            "cpu": round(time.process_time() - cpu_started, 4),  # all of this process's threads
             **profile.take(),
             **state.pop("startup", {}),  # the process's first call: its start-up (`init_encoder`)
         }
