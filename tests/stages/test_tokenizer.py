@@ -106,9 +106,11 @@ def test_the_backend_pipeline_is_written_out_once_and_shared(tokenizer_dir, bos_
     tok = load_tokenizer(str(tokenizer_dir))
     text = describe(tok, "a", "fp").backend_json
     assert describe(tok, "b", "fp2").backend_json is text
+    assert text == tok.backend_tokenizer.to_str()  # neither truncation nor padding: the text as is
     parsed = json.loads(text)
     assert parsed["truncation"] is None and parsed["padding"] is None
     assert tokenizer_stage.parsed_backend(text) == parsed
+    assert tokenizer_stage.parsed_backend(text) is tokenizer_stage.parsed_backend(text)  # parsed once
     assert tokenizer_stage.rust_backend(text) is tok.backend_tokenizer
     assert tokenizer_stage.rust_backend(json.dumps(parsed)) is not tok.backend_tokenizer  # another text
     tok.backend_tokenizer.enable_truncation(4)  # as a saved tokenizer.json may carry
