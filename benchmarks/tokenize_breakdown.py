@@ -165,19 +165,17 @@ def contenders(args: argparse.Namespace) -> list[str]:
     return ["ceiling", "transformers"] + [f"{e}-{s}" for e in args.engines for s in args.splits]
 
 
+def best_x(tokens: int, cpu_seconds: float, ceiling_rate: float) -> float:
+    """× ceiling if `cpu_seconds` ran perfectly spread over all cores, with nothing else to do."""
+    return tokens / (cpu_seconds / (os.cpu_count() or 1)) / ceiling_rate
+
+
 def bound(r: dict, load_cpu: float, ceiling_rate: float) -> tuple[float, float]:
     """(CPU s the run's processes spent encoding parts, the most × ceiling any cold run can reach
     that encodes at that cost and loads the tokenizer through transformers): both on all cores,
     perfectly overlapped, nothing else. Checking ids costs more on top, so real runs stay below."""
     encode_cpu = sum(p.get("cpu", 0.0) for p in r["profile"])
-    best_seconds = (encode_cpu + load_cpu) / (os.cpu_count() or 1)
-    return encode_cpu, r["tokens"] / best_seconds / ceiling_rate
-
-
-def overlapped(r: dict, ceiling_rate: float) -> float:
-    """× ceiling if all this run's CPU seconds (start, adopt, check, workers, encoding, pack) ran
-    perfectly overlapped on all cores: what reordering the same work could reach at best."""
-    return r["tokens"] / (r["cpu"] / (os.cpu_count() or 1)) / ceiling_rate
+    return encode_cpu, best_x(r["tokens"], encode_cpu + load_cpu, ceiling_rate)
 
 
 def report_run(kind: str, r: dict, ceiling_rate: float, load_cpu: float) -> None:
@@ -213,7 +211,7 @@ def report_run(kind: str, r: dict, ceiling_rate: float, load_cpu: float) -> None
     print(
         f"    bound: encoding {encode_cpu:.1f} CPU s + transformers {load_cpu:.2f} CPU s on {os.cpu_count()} cores "
         f"-> at most {best:.2f}x ceiling for any cold run that loads transformers; this run's own "
-        f"{r['cpu']:.1f} CPU s perfectly overlapped -> {overlapped(r, ceiling_rate):.2f}x",
+        f"{r['cpu']:.1f} CPU s perfectly overlapped -> {best_x(r['tokens'], r['cpu'], ceiling_rate):.2f}x",
         flush=True,
     )
 
@@ -275,12 +273,12 @@ def main() -> None:
                 assert ceiling_rate is not None
                 load_cpu = r["cpu"]
                 ceiling = runs["ceiling"][-1]
-                r["x_same_cost"] = ceiling["seconds"] / ((ceiling["cpu"] + load_cpu) / (os.cpu_count() or 1))
+                r["x_same_cost"] = best_x(ceiling["tokens"], ceiling["cpu"] + load_cpu, ceiling_rate)
             else:
                 assert ceiling_rate is not None
                 r["x_ceiling"] = r["tokens"] / r["end_to_end"] / ceiling_rate
                 r["x_bound"] = bound(r, load_cpu, ceiling_rate)[1]
-                r["x_overlapped"] = overlapped(r, ceiling_rate)
+                r["x_overlapped"] = best_x(r["tokens"], r["cpu"], ceiling_rate)
             r["load"] = load
             runs[kind].append(r)
             report_run(kind, r, ceiling_rate, load_cpu)
