@@ -56,6 +56,8 @@ class Plan:
     memory_mode: Decision
     loader_workers: Decision
     hardware: Hardware = field(repr=False)
+    # (processes, threads each) when the engine is fastokens or gigatoken
+    fast_engines: Decision = Decision((1, 1), "one process, one thread")
 
     def rows(self) -> list[dict[str, str]]:
         """The plan as table rows (setting, value, reason), for printing and UI artifacts."""
@@ -67,6 +69,7 @@ class Plan:
             "writer_batch_size",
             "memory_mode",
             "loader_workers",
+            "fast_engines",
         ):
             d: Decision = getattr(self, name)
             out.append({"setting": name, "value": str(d.value), "reason": d.reason})
@@ -210,6 +213,8 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
         t = max(1, hw.cores // num_proc.value)
         threads = Decision(t, f"{hw.cores} cores shared by {num_proc.value} process(es)")
 
+    fast = _fast_engine_split(hw.cores, tok.num_proc, tok.threads_per_proc)
+
     batch = _explicit("batch_size", tok.batch_size or res.batch_size, env)
     if batch is None:
         batch = Decision(1000, "1000 documents per encode call: enough work for every thread, bounded memory")
@@ -232,7 +237,32 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
         lw = max(0, min(4, (hw.cores // per_gpu) - 1))
         loader = Decision(lw, f"{hw.cores} cores for {per_gpu} training process(es), one core kept for the step itself")
 
-    return Plan(num_proc, threads, batch, writer, memory_mode, loader, hardware=hw)
+    return Plan(num_proc, threads, batch, writer, memory_mode, loader, hardware=hw, fast_engines=fast)
+
+
+# fastokens and gigatoken encode at hundreds of MB/s a core with their own thread pools: the
+# Python side around them (text out of Arrow, ids to the part files) becomes the work. Measured on
+# 2 cores (benchmarks/engines.py, 600 MB of instruction records, Tekken 131k): one process with 2
+# threads beat 2 processes × 1 thread, whose start-up (~1 s each: interpreter, imports, encoder)
+# cost more than the second Python side saved. Past SMALL_MACHINE_CORES one process per
+# FAST_ENGINE_THREADS cores keeps several Python sides fed (not measured: no such machine here).
+FAST_ENGINE_THREADS = 8
+
+
+def _fast_engine_split(cores: int, procs: int | None, threads: int | None) -> Decision:
+    if procs is not None or threads is not None:
+        p = procs or max(1, cores // (threads or cores))
+        return Decision((p, threads or max(1, cores // p)), "set in config (tokenize.num_proc / threads_per_proc)")
+    if cores <= SMALL_MACHINE_CORES:
+        return Decision(
+            (1, cores),
+            f"{cores} cores: fastokens/gigatoken in one process with {cores} threads (2 cores: faster than 2×1, "
+            "benchmarks/engines.py)",
+        )
+    p = max(1, cores // FAST_ENGINE_THREADS)
+    return Decision(
+        (p, max(1, cores // p)), f"{cores} cores / {FAST_ENGINE_THREADS} threads a process (not measured past 4 cores)"
+    )
 
 
 def accelerator_facts() -> dict[str, Any]:

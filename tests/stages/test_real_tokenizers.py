@@ -14,12 +14,21 @@ import pytest
 
 import real_tokenizers as rt
 from conftest import saved_text
+from moai.errors import TokenizerError
 from moai.formats.tokens import TokenStore
 from moai.stages import tokenize as tk
 from moai.stages.tokenize import pieces
 from moai.stages.tokenizer import describe, load_tokenizer
 
-TIKTOKEN_FAMILIES = {"tekken", "qwen"}  # where tiktoken must engage (it is exact for them)
+# What auto picks per family (the fastest exact engine), and what a named engine is refused with.
+AUTO_ENGINE = {"tekken": "fastokens", "qwen": "fastokens", "sentencepiece": "gigatoken"}
+CANNOT = {
+    (
+        "sentencepiece",
+        "fastokens",
+    ): "load error: ValueError: pre-tokenizer error: unsupported pre-tokenizer type: Metaspace",
+    ("sentencepiece", "tiktoken"): "cannot express this tokenizer",
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +61,40 @@ def tokenize_and_compare(folder, texts, saved, out, *, engine="auto", num_proc=1
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", rt.FAMILIES)
-@pytest.mark.parametrize("engine,num_proc", [("auto", 1), ("auto", 2), ("tokenizers", 1)])
+@pytest.mark.parametrize(
+    "engine,num_proc",
+    [("auto", 1), ("auto", 2), ("fastokens", 1), ("gigatoken", 1), ("tiktoken", 1), ("tokenizers", 1)],
+)
 def test_every_document_equals_transformers(families, corpus, tmp_path, family, engine, num_proc):
+    """Each engine, named or chosen by auto, gives transformers' ids on every document, or (named)
+    is refused before anything is written, with its reason."""
     texts, saved = corpus
+    if (family, engine) in CANNOT:
+        with pytest.raises(TokenizerError, match=f"tokenize.engine {engine}: {CANNOT[family, engine]}"):
+            tokenize_and_compare(families[family], texts, saved, tmp_path / "out", engine=engine)
+        assert not list((tmp_path / "out").rglob("*.bin"))
+        return
     report, *_ = tokenize_and_compare(
         families[family], texts, saved, tmp_path / "out", engine=engine, num_proc=num_proc
     )
-    if engine == "auto":
-        want = "tiktoken" if family in TIKTOKEN_FAMILIES else "tokenizers"
-        assert report["engine"] == want, report["engine_reason"]
+    assert report["engine"] == (AUTO_ENGINE[family] if engine == "auto" else engine), report["engines_tried"]
+    if engine == "auto" and family == "sentencepiece":  # fastokens was tried first, and why it was passed over
+        assert report["engines_tried"]["fastokens"].startswith("load error: ValueError"), report["engines_tried"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", rt.FAMILIES)
+def test_every_exact_engine_writes_byte_identical_stores(families, corpus, tmp_path, family):
+    texts, saved = corpus
+    stores = {}
+    for engine in ("fastokens", "gigatoken", "tiktoken", "tokenizers"):
+        if (family, engine) not in CANNOT:
+            tokenize_and_compare(families[family], texts, saved, tmp_path / engine, engine=engine)
+            stores[engine] = {
+                p.relative_to(tmp_path / engine): p.read_bytes() for p in (tmp_path / engine).rglob("*") if p.is_file()
+            }
+    first, *rest = stores.values()
+    assert len(stores) >= 2 and all(other == first for other in rest), list(stores)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 
 import dataclasses
 import itertools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from conftest import make_texts, saved_text
 from moai.errors import TokenizerError
 from moai.formats.tokens import TokenStore
 from moai.stages import tokenize as tk
-from moai.stages.tokenize import parts
+from moai.stages.tokenize import engine as engine_module, engines, parts
 from moai.stages.tokenize.tiktoken import spec_from_tokenizer_json
 from moai.stages.tokenizer import describe, load_tokenizer
 
@@ -33,14 +34,15 @@ def tok(request, tokenizer_dir, bos_tokenizer_dir):
     return t, describe(t, str(folder), "fp")
 
 
-@pytest.fixture(scope="module", params=["tokenizers", "tiktoken"])
+@pytest.fixture(scope="module", params=[e.name for e in engines.ENGINES])
 def engine(request, tok):
+    """The set-up of each engine for the tokenizer (every one of them can run these two)."""
     hf, info = tok
-    if request.param == "tokenizers":
-        return None
-    spec = spec_from_tokenizer_json(info.backend_json)
-    assert spec.prefix == ((hf.bos_token_id,) if hf.bos_token_id is not None else ())
-    return spec
+    setup = engine_module._setup(request.param, info, 2)
+    if request.param == "tiktoken":
+        assert setup.spec is not None
+        assert setup.spec.prefix == ((hf.bos_token_id,) if hf.bos_token_id is not None else ())
+    return setup
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -51,7 +53,7 @@ def engine(request, tok):
 )
 def test_ids_equal_hf_tokenizer_plus_eos(tok, engine, texts):
     hf, info = tok
-    tk.init_encoder(tk.EncoderSetup(info.backend_json, info.split_special_tokens, engine, 2, True))
+    tk.init_encoder(dataclasses.replace(engine, pieces_exact=True))
     try:
         flat, lengths = tk.encode_documents(texts, info.eos_id, tk.token_dtype(info.vocab_size))
     finally:
@@ -78,7 +80,7 @@ def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, t
     one = run_tokenize(saved, tmp_path / "one", info, 1, engine)
     two = run_tokenize(saved, tmp_path / "two", info, 2, engine)
     assert one["tokens"] == two["tokens"] and two["processes"] == 2
-    assert one["engine"] == two["engine"] == ("tiktoken" if engine == "auto" else "tokenizers")
+    assert one["engine"] == two["engine"] == ("fastokens" if engine == "auto" else "tokenizers")
     # each worker reports its encoding's wall and CPU seconds (the breakdown benchmark's bound uses them)
     assert len(two["profile"]) == 2 and all(p["wall"] > 0 and p["cpu"] > 0 for p in two["profile"])
 
@@ -117,7 +119,7 @@ def test_large_vocab_uses_uint32():
     assert tk.token_dtype(65537) == np.dtype("<u4")
 
 
-def test_engine_falls_back_with_the_reason(tok):
+def test_engine_choice_names_every_engine_tried_and_why(tok):
     import json
 
     from tokenizers import Tokenizer
@@ -127,14 +129,19 @@ def test_engine_falls_back_with_the_reason(tok):
     data["normalizer"] = {"type": "Lowercase"}
     changed = dataclasses.replace(info, backend_json=json.dumps(data))
     backend = Tokenizer.from_str(changed.backend_json)
-    spec, reason = tk.choose_engine("auto", changed, ["Some Text"], 1, [backend.encode("Some Text").ids])
-    assert spec is None and "normalizer Lowercase" in reason and "using tokenizers" in reason
+    # named explicitly, an engine that cannot run the tokenizer is an error before anything is written
+    with pytest.raises(
+        TokenizerError, match=r"tokenize\.engine tiktoken: cannot express this tokenizer: normalizer Lowercase"
+    ):
+        tk.choose_engine("tiktoken", changed, ["Some Text"], 1, [backend.encode("Some Text").ids])
 
     reference = tk.transformers_reference(info)
-    spec, reason = tk.choose_engine("tokenizers", info, ["x"], 1, reference(["x"]))
-    assert spec is None and "tokenize.engine is tokenizers" in reason
-    spec, reason = tk.choose_engine("auto", info, make_texts(50), 1, reference(make_texts(50)))
-    assert spec is not None and "matches transformers on all 50" in reason
+    setup, encoder, tried = tk.choose_engine("tokenizers", info, ["x"], 1, reference(["x"]))
+    assert setup.engine == encoder.name == "tokenizers" and list(tried) == ["tokenizers"]
+    texts = make_texts(50)
+    setup, encoder, tried = tk.choose_engine("auto", info, texts, 1, reference(texts))
+    assert setup.engine == "fastokens" and list(tried) == ["fastokens"]
+    assert tried["fastokens"].startswith("matches transformers on all 50 sampled documents")
 
 
 def test_an_encoder_that_differs_from_transformers_writes_nothing(tok):
@@ -145,22 +152,61 @@ def test_an_encoder_that_differs_from_transformers_writes_nothing(tok):
     data = json.loads(info.backend_json)
     data["normalizer"] = {"type": "Lowercase"}
     changed = dataclasses.replace(info, backend_json=json.dumps(data))
-    with pytest.raises(TokenizerError, match="other ids than transformers on sample document 0"):
+    with pytest.raises(TokenizerError, match="no engine gives transformers' ids on the sample") as err:
         tk.choose_engine("auto", changed, ["Hello World"], 1, tk.transformers_reference(info)(["Hello World"]))
+    for name in ("fastokens", "tokenizers"):
+        where = (
+            rf"{name}: ids differ from transformers on sample document 0 \('Hello World'\) at token [01]: id \d+ where"
+        )
+        assert re.search(where, str(err.value)), str(err.value)
+    assert "tiktoken: cannot express this tokenizer: normalizer Lowercase" in str(err.value)
+    # an engine's own loader refusing the tokenizer.json is its reason, word for word
+    assert "gigatoken: load error: RuntimeError: Unsupported normalizer type: Lowercase" in str(err.value)
 
 
-def test_a_mismatch_on_the_sample_means_tokenizers(tok, monkeypatch):
+def test_an_engine_that_differs_on_the_sample_is_passed_over_with_where_it_parts(tok, monkeypatch):
+    """auto falls back to the next exact engine and says where the first one's ids part from
+    transformers'; the same engine named in the config is refused before anything is written."""
     _, info = tok
-    from moai.stages.tokenize import tiktoken as tiktoken_bpe
+    original = engines.FastokensEncoder.encode_flat
 
-    original = tiktoken_bpe.TiktokenEncoder.encode_batch
-    monkeypatch.setattr(
-        tiktoken_bpe.TiktokenEncoder,
-        "encode_batch",
-        lambda self, texts, add_special_tokens=True: [ids[:-1] for ids in original(self, texts)],
+    def off_by_one(self, texts, add_special_tokens=True):  # the last id of every text is wrong
+        ids, offsets = original(self, texts, add_special_tokens)
+        ids = ids.copy()
+        ids[offsets[1:] - 1] += 1
+        return ids, offsets
+
+    monkeypatch.setattr(engines.FastokensEncoder, "encode_flat", off_by_one)
+    texts = ["hello world", "a b c"]
+    want = tk.transformers_reference(info)(texts)
+    setup, _, tried = tk.choose_engine("auto", info, texts, 1, want)
+    assert setup.engine == "gigatoken" and list(tried) == ["fastokens", "gigatoken"]
+    n = len(want[0]) - 1
+    assert tried["fastokens"].startswith(
+        f"ids differ from transformers on sample document 0 ('hello world') at token {n}"
     )
-    spec, reason = tk.choose_engine("auto", info, ["hello world"], 1, tk.transformers_reference(info)(["hello world"]))
-    assert spec is None and "differ" in reason and "sample document 0" in reason
+    with pytest.raises(
+        TokenizerError, match=r"tokenize\.engine fastokens: ids differ from transformers on sample document 0"
+    ):
+        tk.choose_engine("fastokens", info, texts, 1, want)
+
+
+def test_a_missing_engine_is_named_with_how_to_install_it(tok, monkeypatch):
+    import builtins
+
+    _, info = tok
+    real_import = builtins.__import__
+
+    def no_fastokens(name, *args, **kwargs):
+        if name == "fastokens":
+            raise ModuleNotFoundError("No module named 'fastokens'", name="fastokens")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_fastokens)
+    texts = ["hello world"]
+    setup, _, tried = tk.choose_engine("auto", info, texts, 1, tk.transformers_reference(info)(texts))
+    assert setup.engine == "gigatoken"
+    assert tried["fastokens"] == "not installed (No module named 'fastokens'); pip install 'fastokens==0.3.5'"
 
 
 @pytest.mark.parametrize("large", [False, True])
@@ -195,9 +241,10 @@ def test_tiktoken_hands_the_parts_arrays_with_the_same_ids(tok):
     assert [a.tolist() for a in arrays] == enc.encode_batch(texts, True)
     from moai.stages.tokenize.engine import state
 
-    for spec in (spec_from_tokenizer_json(info.backend_json), None):
-        tk.init_encoder(tk.EncoderSetup(info.backend_json, info.split_special_tokens, spec, 1, False))
-        try:
-            assert (state["encode_arrays"] is not None) is (spec is not None)  # tiktoken only
-        finally:
-            tk.clear_encoder()
+    tk.init_encoder(engine_module._setup("tiktoken", info, 1))
+    try:
+        ids, offsets = state["encoder"].encode_flat(texts, True)
+        assert ids.dtype == np.uint32
+        assert [ids[a:b].tolist() for a, b in itertools.pairwise(offsets)] == enc.encode_batch(texts, True)
+    finally:
+        tk.clear_encoder()

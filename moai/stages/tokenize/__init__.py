@@ -30,6 +30,7 @@ files under the same key.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import pickle
 import resource
@@ -60,6 +61,7 @@ from moai.stages.tokenize.engine import (
     sample_texts,
     transformers_reference,
 )
+from moai.stages.tokenize.engines import FAST as FAST_ENGINES
 from moai.stages.tokenize.parts import (
     BATCH_MAX_BYTES,
     MAX_PARTS,
@@ -138,10 +140,16 @@ def tokenize(
     threads_per_proc: int,
     batch_size: int,
     engine: str = "auto",
+    fast_split: tuple[int, int] | None = None,
     progress: bool = True,
     on_progress: Callable[[float], None] | None = None,
+    reference: Reference | None = None,
 ) -> dict[str, Any]:
-    """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`."""
+    """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`.
+
+    `num_proc` × `threads_per_proc` is the split for tiktoken and `tokenizers`; `fast_split`
+    (processes, threads) the one for fastokens and gigatoken, which run their own thread pools
+    (default: the same). `reference` gives transformers' ids of the sample (default: loaded here)."""
 
     log.info(
         "tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
@@ -150,31 +158,31 @@ def tokenize(
         info.eos_id,
     )
     jobs = plan_parts(info, text_dir, out_dir, batch_size)
-    num_proc = max(1, min(num_proc, len(jobs)))
+    classic = (max(1, min(num_proc, len(jobs))), threads_per_proc)
+    fast = (max(1, min(fast_split[0], len(jobs))), fast_split[1]) if fast_split is not None else classic
     with contextlib.ExitStack() as stack:
         pool = None
-        if num_proc > 1:
+        spawned_at = time.time()
+        if classic[0] > 1 and not engines_fast_possible(engine):
             # Workers start now (spawn, imports) while this process checks the engine; each builds
             # its encoder from the checked set-up before its first part (`encode_part_with`).
-            pool = stack.enter_context(
-                ProcessPoolExecutor(
-                    num_proc,
-                    mp_context=get_context("spawn"),
-                    initializer=preload_worker,
-                    initargs=(threads_per_proc,),
-                )
-            )
-            spawned_at = time.time()
-            for _ in range(num_proc):
-                pool.submit(int)  # a spawn pool starts a process per task while none is idle
+            pool = _start_pool(stack, *classic)
         checked = time.perf_counter()
-        choice = choose_encoder(info, text_dir, engine, threads_per_proc)
+        choice = choose_encoder(info, text_dir, engine, (fast if engine_is_fast(engine) else classic)[1], reference)
         check_seconds = time.perf_counter() - checked
+        num_proc, threads_per_proc = fast if choice.engine in FAST_ENGINES else classic
+        if choice.setup.threads != threads_per_proc:
+            choice = dataclasses.replace(
+                choice, setup=dataclasses.replace(choice.setup, threads=threads_per_proc), encoder=None
+            )
+        if pool is None and num_proc > 1:
+            spawned_at = time.time()
+            pool = _start_pool(stack, num_proc, threads_per_proc)
         for split in SPLITS:
             (out_dir / split).mkdir(parents=True, exist_ok=True)
         warm_up = choice.sample[:WARM_UP_DOCUMENTS]
         if pool is None:
-            init_encoder(choice.setup, None, warm_up, encode=choice.encode)
+            init_encoder(choice.setup, None, warm_up, encoder=choice.encoder)
         else:
             setup_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="moai-encoder-")))
             setup_file = setup_dir / "setup.pickle"
@@ -192,6 +200,7 @@ def tokenize(
         "tokens_per_s": round(counts["tokens"] / seconds, 1) if seconds > 0 else None,
         "engine": choice.engine,
         "engine_reason": choice.engine_reason,
+        "engines_tried": choice.engines_tried,
         "large_documents_whole": choice.pieces_reason,
         "processes": num_proc,
         "threads_per_process": threads_per_proc,
@@ -202,6 +211,27 @@ def tokenize(
         "profile": process_profiles(results),
         "warnings": info.warnings,
     }
+
+
+def engine_is_fast(engine: str) -> bool:
+    return engine in FAST_ENGINES or engine == "auto"
+
+
+def engines_fast_possible(engine: str) -> bool:
+    """May the check pick a fast engine (then no pool is started before it: they need fewer processes)?"""
+    import importlib.util
+
+    names = FAST_ENGINES if engine == "auto" else FAST_ENGINES & {engine}
+    return any(importlib.util.find_spec(n) is not None for n in names)
+
+
+def _start_pool(stack: contextlib.ExitStack, num_proc: int, threads: int) -> ProcessPoolExecutor:
+    pool = stack.enter_context(
+        ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=preload_worker, initargs=(threads,))
+    )
+    for _ in range(num_proc):
+        pool.submit(int)  # a spawn pool starts a process per task while none is idle
+    return pool
 
 
 def _encode_all(
@@ -320,6 +350,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
         threads_per_proc=p.threads_per_proc.value,
         batch_size=p.batch_size.value,
         engine=ctx.config.tokenize.engine,
+        fast_split=p.fast_engines.value,
         progress=ctx.progress,
         on_progress=ctx.on_progress,
     )

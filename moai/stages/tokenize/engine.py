@@ -1,10 +1,12 @@
 """Which encoder the tokenize stage runs, checked against transformers before anything is written.
 
 A sample of the corpus (`sample_texts`) is encoded by transformers itself (`tokenizer(texts)`):
-those are the ids to match. tiktoken is used when it can express the tokenizer and gives exactly
-those ids on every sampled document, else the `tokenizers` backend, which must match too or
-nothing is written (`choose_engine`). Giant documents are encoded in pieces only when the cut
-rule gives the same ids on the sample (`check_pieces`, see `pieces`).
+those are the ids to match. `auto` tries the engines of `engines.ENGINES` fastest first and keeps
+the first whose ids equal those on every sampled document; each engine passed over gets a reason
+(not installed, cannot express the tokenizer, load error, or the first document and token where
+its ids part from transformers'). An engine named in the config must be exact too, or nothing is
+written (`choose_engine`). Giant documents are encoded in pieces only when the cut rule gives the
+same ids on the sample (`check_pieces`, see `pieces`).
 
 `EncoderSetup` is what a process needs to build the chosen encoder; `init_encoder` builds it in
 this process (a worker, or the main process) into `state`, which `parts` encodes with.
@@ -12,6 +14,7 @@ this process (a worker, or the main process) into `state`, which `parts` encodes
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -24,13 +27,13 @@ import numpy as np
 
 from moai.errors import TokenizerError
 from moai.formats.text import open_split_table, row_bytes, text_bytes
-from moai.stages.tokenize import pieces
+from moai.stages.tokenize import engines, pieces
 from moai.stages.tokenize.tiktoken import NotExpressible, TiktokenSpec, spec_from_tokenizer_json
 from moai.stages.tokenizer import TokenizerInfo, loaded_tokenizer
 
 log = logging.getLogger("moai.stages.tokenize")  # the stage's log lines keep the stage's name
 
-# tiktoken must match tokenizers exactly on up to this many documents / bytes spread over the corpus
+# an engine must match transformers exactly on up to this many documents / bytes spread over the corpus
 VERIFY_DOCUMENTS = 2000
 VERIFY_BYTES = 2 << 20
 VERIFY_DOCUMENT_BYTES = 64 << 10  # a sampled document is cut to this much text (giant documents)
@@ -45,75 +48,104 @@ def transformers_reference(info: TokenizerInfo) -> Reference:
     return lambda texts: tok(texts, verbose=False)["input_ids"] if texts else []
 
 
-def _first_mismatch(encode: pieces.Encode, want: list[list[int]], sample: list[str]) -> int | None:
-    for i, (a, b) in enumerate(zip(encode(sample, True), want, strict=True)):
-        if list(a) != list(b):
-            return i
-    return None
+def first_difference(got: engines.Flat, want: engines.Flat, sample: list[str]) -> str | None:
+    """None when `got` equals `want` (transformers' ids) on every document, else where they first part."""
+    g_ids, g_off = got
+    w_ids, w_off = want
+    if np.array_equal(g_off, w_off) and np.array_equal(g_ids, w_ids):
+        return None
+    for i in range(len(sample)):
+        a = g_ids[g_off[i] : g_off[i + 1]] if i + 1 < len(g_off) else g_ids[:0]
+        b = w_ids[w_off[i] : w_off[i + 1]]
+        if not np.array_equal(a, b):
+            j = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+            what = (
+                f"id {int(a[j])} where transformers has {int(b[j])}"
+                if j < min(len(a), len(b))
+                else f"{len(a)} ids where transformers has {len(b)}"
+            )
+            return f"ids differ from transformers on sample document {i} ({sample[i][:60]!r}) at token {j}: {what}"
+    return f"{len(g_off) - 1} documents came back for {len(sample)}"
 
 
-Built = dict[bool, pieces.Encode]  # the encoders built while checking, by "is it tiktoken"
+def _affixes(info: TokenizerInfo) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids the post-processor puts before and after a text (what gigatoken's native call leaves out)."""
+    from moai.stages.tokenizer import rust_backend
+
+    rust = rust_backend(info.backend_json)
+    prefix, suffix = pieces.affixes(
+        lambda texts, special: [e.ids for e in rust.encode_batch(texts, add_special_tokens=special)]
+    )
+    return tuple(prefix), tuple(suffix)
 
 
-def _encoder(info: TokenizerInfo, spec: TiktokenSpec | None, threads: int, built: Built | None) -> pieces.Encode:
-    """The encoder for `spec`, built once per check (building tiktoken's ranks takes a while)."""
-    if built is not None and (spec is not None) in built:
-        return built[spec is not None]
-    encode = pieces.make_encoder(info.backend_json, info.split_special_tokens, spec, threads)
-    if built is not None:
-        built[spec is not None] = encode
-    return encode
+def _setup(name: str, info: TokenizerInfo, threads: int) -> EncoderSetup:
+    """The set-up of engine `name` for this tokenizer (tiktoken: its spec, or `NotExpressible`)."""
+    spec = spec_from_tokenizer_json(info.backend_json, info.split_special_tokens) if name == "tiktoken" else None
+    affixes = _affixes(info) if name == "gigatoken" else ((), ())
+    return EncoderSetup(info.backend_json, info.split_special_tokens, name, threads, False, spec, affixes)
+
+
+def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, want: engines.Flat):
+    """(set-up, encoder, None) when engine `name` gives `want` on the whole sample, else (None, None, why not)."""
+    engine = engines.BY_NAME[name]
+    try:
+        setup = _setup(name, info, threads)
+        encoder = engine.build(setup)
+    except ImportError as err:
+        return None, None, f"not installed ({err}); {engine.install}"
+    except NotExpressible as err:
+        return None, None, f"cannot express this tokenizer: {err}"
+    except Exception as err:  # the engine's own loader refused the tokenizer.json
+        return None, None, f"load error: {type(err).__name__}: {str(err)[:200]}"
+    started = time.perf_counter()
+    try:
+        got = encoder.encode_flat(sample, True)
+    except Exception as err:
+        return None, None, f"failed on the sample: {type(err).__name__}: {str(err)[:200]}"
+    seconds = time.perf_counter() - started
+    bad = first_difference(got, want, sample)
+    if bad is not None:
+        return None, None, bad
+    mb = sum(len(t) for t in sample) / 1e6
+    rate = f", {mb / seconds:,.0f} MB/s on it" if seconds > 0 else ""
+    return setup, encoder, f"matches transformers on all {len(sample)} sampled documents{rate}"
 
 
 def choose_engine(
-    requested: str,
-    info: TokenizerInfo,
-    sample: list[str],
-    threads: int,
-    want: list[list[int]],
-    built: Built | None = None,
-) -> tuple[TiktokenSpec | None, str]:
-    """(tiktoken spec or None for tokenizers, reason). An engine is used only when its ids equal
-    `want` (transformers' ids of the sample) on every sampled document; when not even `tokenizers`
-    does, nothing is written. `built` keeps the encoders made here for `check_pieces` and the run."""
-    spec, reason = None, "tokenize.engine is tokenizers"
-    if requested != "tokenizers":
-        try:
-            spec = spec_from_tokenizer_json(info.backend_json, info.split_special_tokens)
-        except NotExpressible as err:
-            reason = f"tiktoken cannot express this tokenizer ({err}); using tokenizers"
-            log.log(logging.WARNING if requested == "tiktoken" else logging.INFO, reason)
-    if spec is not None:
-        bad = _first_mismatch(_encoder(info, spec, threads, built), want, sample)
-        if bad is None:
-            reason = f"tiktoken matches transformers on all {len(sample)} sampled documents"
-            log.info(reason)
-            return spec, reason
-        reason = (
-            f"tiktoken ids differ from transformers on sample document {bad} ({sample[bad][:60]!r}); using tokenizers"
-        )
-        log.warning(reason)
-    bad = _first_mismatch(_encoder(info, None, threads, built), want, sample)
-    if bad is not None:
+    requested: str, info: TokenizerInfo, sample: list[str], threads: int, want: list[list[int]]
+) -> tuple[EncoderSetup, engines.Encoder, dict[str, str]]:
+    """The first engine (in `engines.ENGINES` order, or the one named) whose ids equal `want`
+    (transformers' ids of the sample) on every sampled document: its set-up, its encoder, and one
+    line per engine tried (the chosen one last). An engine named in the config that is not exact
+    is an error, and so is `auto` when not even `tokenizers` is: nothing is written."""
+    names = [e.name for e in engines.ENGINES] if requested == "auto" else [requested]
+    target = engines.flat_of(want)
+    tried: dict[str, str] = {}
+    for name in names:
+        setup, encoder, why = try_engine(name, info, sample, threads, target)
+        if setup is not None and encoder is not None:
+            tried[name] = why
+            log.info("tokenize engine %s: %s", name, why)
+            return setup, encoder, tried
+        tried[name] = why
+        log.log(logging.WARNING if requested != "auto" or name == "tokenizers" else logging.INFO, "%s: %s", name, why)
+    if requested != "auto":
         raise TokenizerError(
-            f"tokenizer {info.name_or_path!r}: moai's encoder gives other ids than transformers on sample document "
-            f"{bad} ({sample[bad][:60]!r}); nothing was written. Please report this tokenizer to moai."
+            f"tokenize.engine {requested}: {tried[requested]} (tokenizer {info.name_or_path!r}); nothing was "
+            "written. Set tokenize.engine: auto to use the fastest engine that is exact on this corpus."
         )
-    return None, reason
+    raise TokenizerError(
+        f"tokenizer {info.name_or_path!r}: no engine gives transformers' ids on the sample ("
+        + "; ".join(f"{k}: {v}" for k, v in tried.items())
+        + "); nothing was written. Please report this tokenizer to moai."
+    )
 
 
-def check_pieces(
-    spec: TiktokenSpec | None,
-    info: TokenizerInfo,
-    sample: list[str],
-    threads: int,
-    want: list[list[int]],
-    built: Built | None = None,
-) -> str | None:
+def check_pieces(encoder: engines.Encoder, sample: list[str], want: list[list[int]]) -> str | None:
     """None when giant documents can be encoded in pieces with exact ids (checked on the sample),
     else why they will be encoded whole."""
-    encode = _encoder(info, spec, threads, built)
-    bad = pieces.check_cut_rule(encode, sample, want)
+    bad = pieces.check_cut_rule(encoder.encode, sample, want)
     if bad is not None:
         log.warning(
             "documents over %d MiB will be encoded whole (memory grows with them): %s",
@@ -155,9 +187,11 @@ class EncoderSetup:
 
     backend_json: str
     split_special_tokens: bool
-    spec: TiktokenSpec | None
+    engine: str  # a name in `engines.ENGINES`
     threads: int
     pieces_exact: bool  # may giant documents be encoded in pieces (checked on the sample; False when there are none)?
+    spec: TiktokenSpec | None = None  # tiktoken's ranks (engine tiktoken)
+    affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # the post-processor's ids (engine gigatoken)
 
 
 # Per-process state: the encoder, the piece encoder, opened tables and giant-document counts. Set
@@ -170,9 +204,9 @@ def init_encoder(
     rayon_threads: int | None = None,
     warm_up: list[str] | None = None,
     spawned_at: float | None = None,
-    encode: pieces.Encode | None = None,
+    encoder: engines.Encoder | None = None,
 ) -> None:
-    """Set up this process's encoder (or take `encode`, one already built for `setup`), then
+    """Set up this process's encoder (or take `encoder`, one already built for `setup`), then
     encode the warm-up texts once (thread pools, caches) so timing starts warm. `spawned_at`
     (`time.time()` when the parent started the pool): a worker records its start-up, which its
     first part's profile reports."""
@@ -180,18 +214,16 @@ def init_encoder(
     if rayon_threads is not None:
         # Read by Rayon when its pool first starts, which is after this in a fresh worker.
         os.environ["RAYON_NUM_THREADS"] = str(rayon_threads)
-    if encode is None:
-        encode = pieces.make_encoder(setup.backend_json, setup.split_special_tokens, setup.spec, setup.threads)
-    state["encode"] = encode
-    # tiktoken's encoder can also hand each document's ids over as an array (`encode_arrays`):
-    # the parts use that, the checks and the piece encoder keep the lists of `encode`.
-    state["encode_arrays"] = getattr(getattr(encode, "__self__", None), "encode_arrays", None)
-    state["pieces"] = pieces.PieceEncoder(encode) if setup.pieces_exact else None
+    if encoder is None:
+        encoder = engines.build(setup)
+    state["encoder"] = encoder
+    state["encode"] = encoder.encode  # lists: the piece encoder and whole giant documents
+    state["pieces"] = pieces.PieceEncoder(encoder.encode) if setup.pieces_exact else None
     state["tables"] = {}
     state["forced_cuts"] = 0
     state["large_documents"] = 0
     if warm_up:
-        encode(warm_up, True)
+        encoder.encode_flat(warm_up, True)
     state["startup"] = {
         "setup": round(time.perf_counter() - t0, 4),  # encoder build and warm-up
         "startup": round(time.time() - spawned_at, 4) if spawned_at is not None else 0.0,  # spawn, imports, setup
@@ -208,14 +240,18 @@ class EngineChoice:
     """The checked encoder set-up for a corpus, why, and the sample it was checked on."""
 
     setup: EncoderSetup
-    engine_reason: str
+    engines_tried: dict[str, str]  # engine -> why it was not used, or (the chosen one, last) that it is exact
     pieces_reason: str | None  # why giant documents are encoded whole, or None (in exact pieces)
     sample: list[str]
-    encode: pieces.Encode | None = field(default=None, repr=False, compare=False)  # built for `setup`
+    encoder: engines.Encoder | None = field(default=None, repr=False, compare=False)  # built for `setup`
 
     @property
     def engine(self) -> str:
-        return "tiktoken" if self.setup.spec is not None else "tokenizers"
+        return self.setup.engine
+
+    @property
+    def engine_reason(self) -> str:
+        return f"{self.engine} {self.engines_tried[self.engine]}"
 
 
 def has_large_documents(text_dir: Path) -> bool:
@@ -227,15 +263,17 @@ def has_large_documents(text_dir: Path) -> bool:
     return False
 
 
-def choose_encoder(info: TokenizerInfo, text_dir: Path, requested: str, threads: int) -> EngineChoice:
+def choose_encoder(
+    info: TokenizerInfo, text_dir: Path, requested: str, threads: int, reference: Reference | None = None
+) -> EngineChoice:
     """Sample the corpus, choose the engine, check it against transformers, and the piece rule too
     when the corpus has a document large enough to be encoded in pieces (else the rule is never
-    used, and checking it would cost ~0.3-0.6 s of every run for nothing)."""
+    used, and checking it would cost ~0.3-0.6 s of every run for nothing). `reference` gives
+    transformers' ids (default: `transformers_reference` in this process)."""
     sample = sample_texts(text_dir)
-    want = transformers_reference(info)(sample)
-    built: Built = {}
-    spec, reason = choose_engine(requested, info, sample, threads, want, built)
+    want = (reference or transformers_reference(info))(sample)
+    setup, encoder, tried = choose_engine(requested, info, sample, threads, want)
     large = has_large_documents(text_dir)
-    pieces_reason = check_pieces(spec, info, sample, threads, want, built) if large else None
-    setup = EncoderSetup(info.backend_json, info.split_special_tokens, spec, threads, large and pieces_reason is None)
-    return EngineChoice(setup, reason, pieces_reason, sample, built[spec is not None])
+    pieces_reason = check_pieces(encoder, sample, want) if large else None
+    setup = dataclasses.replace(setup, pieces_exact=large and pieces_reason is None)
+    return EngineChoice(setup, tried, pieces_reason, sample, encoder)

@@ -30,7 +30,7 @@ import numpy as np
 
 from moai.formats.text import MappedTable, open_split_table, row_bytes, text_bytes
 from moai.formats.tokens import STORE_FORMAT
-from moai.stages.tokenize import pieces
+from moai.stages.tokenize import engines, pieces
 from moai.stages.tokenize.engine import state
 from moai.stages.tokenizer import TokenizerInfo
 
@@ -106,23 +106,17 @@ def _profile() -> Profile:
 
 
 def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Encode texts with the process's encoder: (flat ids with EOS after each, document lengths)."""
+    """Encode texts with the process's encoder: (flat ids with EOS after each, document lengths).
+    The engine hands all ids over as one array; EOS goes in by NumPy, no loop over documents."""
     t0 = time.perf_counter()
-    arrays = state.get("encode_arrays")
-    ids = arrays(texts) if arrays is not None else state["encode"](texts, True)
+    flat = state["encoder"].encode_flat(texts, True)
     t1 = time.perf_counter()
-    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
-    ends = np.cumsum(lengths)
-    flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
-    start = 0
-    for x, end in zip(ids, ends, strict=True):
-        flat[start : end - 1] = x
-        start = end
-    flat[ends - 1] = eos_id
+    ids, offsets = engines.wrap(flat, suffix=(eos_id,))
+    out = ids.astype(dtype, copy=False)
     profile = _profile()
     profile.add("encode", t1 - t0)
     profile.add("arrays", time.perf_counter() - t1)
-    return flat, lengths
+    return out, np.diff(offsets)
 
 
 def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:

@@ -1,9 +1,7 @@
 """The encoders the tokenize stage runs, and exact encoding of very large documents.
 
 An encoder is `encode(texts, add_special_tokens) -> list of id lists` and must give the ids
-transformers gives: `tokenizer(text)["input_ids"]`. `make_encoder` builds one from a
-`TokenizerInfo` (the backend pipeline as transformers runs it: no truncation, no padding, and
-`split_special_tokens` applied) or from a tiktoken spec.
+transformers gives: `tokenizer(text)["input_ids"]` (the engines in `engines` each have one).
 
 Very large documents. Encoding one string holds per-token state for the whole string (a 50 MB
 document peaked at 6.6 GB in `tokenizers`), so a document over `LARGE_DOCUMENT_BYTES` is cut
@@ -41,27 +39,6 @@ LARGE_DOCUMENT_BYTES = 8 << 20
 PIECE_BYTES = 1 << 20
 MAX_SEARCH_PIECES = 8
 CONTEXT = "\n"
-
-
-def make_encoder(backend_json: str, split_special_tokens: bool, spec=None, threads: int = 1) -> Encode:
-    """tiktoken when given its spec, else the Rust `tokenizers` pipeline as transformers runs it."""
-    if spec is not None:
-        from moai.stages.tokenize.tiktoken import TiktokenEncoder
-
-        return TiktokenEncoder(spec, threads).encode_batch
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(backend_json)
-    tok.no_truncation()
-    tok.no_padding()
-    # transformers sets this on every call from tokenizer_config.json's split_special_tokens;
-    # it is not part of tokenizer.json.
-    tok.encode_special_tokens = split_special_tokens
-
-    def encode(texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
-
-    return encode
 
 
 def affixes(encode: Encode) -> tuple[list[int], list[int]]:

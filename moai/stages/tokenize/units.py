@@ -62,7 +62,7 @@ def run_shard(
     if todo:
         choice = choose_encoder(info, text_dir, engine, threads)
         reason = choice.engine_reason
-        init_encoder(choice.setup, encode=choice.encode)
+        init_encoder(choice.setup, encoder=choice.encoder)
         try:
             for job in todo:
 
