@@ -7,6 +7,7 @@ Environment variables are read here and nowhere else (`read_env`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import string
@@ -91,8 +92,10 @@ class SourceConfig(_Model):
         return self
 
 
-def template_fields(template: str) -> list[str]:
-    """Names of the fields a `str.format` template refers to, in order, without repeats."""
+@functools.lru_cache(maxsize=64)
+def template_fields(template: str) -> tuple[str, ...]:
+    """Names of the fields a `str.format` template refers to, in order, without repeats (parsed
+    once per template: convert asks for every row)."""
     names: list[str] = []
     for _, name, _, _ in string.Formatter().parse(template):
         if name is None:
@@ -104,7 +107,7 @@ def template_fields(template: str) -> list[str]:
             names.append(base)
     if not names:
         raise ValueError("the template names no field")
-    return names
+    return tuple(names)
 
 
 class NamedSourceConfig(SourceConfig):
@@ -248,7 +251,8 @@ class TokenizeConfig(_Model):
     engine: Literal["auto", "fastokens", "gigatoken", "tiktoken", "tokenizers"] = Field(
         "auto",
         description="auto: the fastest engine whose ids equal transformers' on a sample of the corpus "
-        "(fastokens, gigatoken, tiktoken, tokenizers, in that order); a named engine must be exact or nothing is written.",
+        "(fastokens, gigatoken, tiktoken, tokenizers, in that order); a named engine must be exact or "
+        "nothing is written.",
     )
 
 

@@ -372,8 +372,12 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
 
 
 def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run every data stage (no Prefect) and return `summary`."""
-    return summary(walk(config, lambda name, inputs: run_stage(config, name, inputs, plan=plan, progress=progress)))
+    """Run every data stage (no Prefect) and return `summary`. transformers loads the tokenizer in
+    another process meanwhile, for the tokenizer and tokenize stages' checks (`reference`)."""
+    from moai.stages.tokenize import reference
+
+    with reference.prefetch(config):
+        return summary(walk(config, lambda name, inputs: run_stage(config, name, inputs, plan=plan, progress=progress)))
 
 
 def merge(config: PipelineConfig, num_shards: int | None = None) -> dict[str, Any]:

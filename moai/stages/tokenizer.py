@@ -70,8 +70,19 @@ def info_of(config: PipelineConfig, published: Path | str, key: str) -> Tokenize
     """The `TokenizerInfo` of the tokenizer stage's output (what the tokenize workers need)."""
     tcfg = config.tokenizer
     trust = tcfg.trust_remote_code and tcfg.train is None
-    info = describe(loaded_tokenizer(str(published), trust), tcfg.path or str(published), key, path=str(published))
+    info = describe_folder(str(published), tcfg.path or str(published), key, trust)
     return dataclasses.replace(info, trust_remote_code=trust)
+
+
+def describe_folder(folder: str, name_or_path: str, fingerprint: str, trust_remote_code: bool = False) -> TokenizerInfo:
+    """`describe` of the tokenizer in a local folder: from the reference process that loaded the
+    same files ahead of time when there is one (`moai.stages.tokenize.reference`), else loaded here."""
+    from moai.stages.tokenize import reference
+
+    ref = None if trust_remote_code else reference.for_folder(folder)
+    if ref is not None:
+        return dataclasses.replace(ref.info(name_or_path, fingerprint), path=folder)
+    return describe(loaded_tokenizer(folder, trust_remote_code), name_or_path, fingerprint, path=folder)
 
 
 EOS = "<|endoftext|>"
@@ -290,7 +301,7 @@ def adopt_tokenizer(name_or_path: str, out_dir: Path, *, trust_remote_code: bool
         for name in ADOPTED_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, out_dir / name)
-        info = describe(loaded_tokenizer(str(out_dir)), name_or_path, "")
+        info = describe_folder(str(out_dir), name_or_path, "")
     else:
         tok = load_tokenizer(name_or_path, trust_remote_code)
         info = describe(tok, name_or_path, "")

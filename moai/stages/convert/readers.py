@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import orjson
+
 from moai.config import SourceConfig, template_fields
 from moai.errors import DataError
 from moai.stages.convert.fingerprint import (
@@ -93,6 +95,15 @@ class Rows:
         raise DataError(f"{where}: {detail} (set source.on_bad_rows: skip to skip and count such rows)")
 
 
+def _loads(line: str) -> Any:
+    """`json.loads`, by orjson (~3x faster) where it accepts the line; what it refuses (NaN,
+    integers past 64 bits, ...) goes to `json.loads`, which parses it or raises the usual message."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
 def _json_lines(f: BinaryIO, path: Path, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
     for lineno, raw in enumerate(f, 1):
         where = f"{path}:{lineno}"
@@ -106,7 +117,7 @@ def _json_lines(f: BinaryIO, path: Path, rows: Rows) -> Iterator[tuple[str, dict
             continue
         rows.rows_in += 1
         try:
-            obj = json.loads(line)
+            obj = _loads(line)
         except json.JSONDecodeError as err:
             rows.bad("bad_json", where, f"malformed JSON: {err.msg.removesuffix(' at')} at column {err.colno}")
             continue
@@ -182,7 +193,7 @@ def needed_fields(source: SourceConfig) -> list[str]:
     if source.text_field is not None:
         return [source.text_field]
     assert source.text_template is not None  # SourceConfig sets text_field when no template is given
-    return template_fields(source.text_template)
+    return list(template_fields(source.text_template))
 
 
 def _table_rows(

@@ -353,7 +353,16 @@ def build(ctx, out: Path) -> dict[str, Any]:
         fast_split=p.fast_engines.value,
         progress=ctx.progress,
         on_progress=ctx.on_progress,
+        reference=_reference_ids(info),
     )
+
+
+def _reference_ids(info: TokenizerInfo) -> Reference | None:
+    """transformers' ids from the process that loaded this tokenizer ahead of time, if one did."""
+    from moai.stages.tokenize import reference
+
+    ref = None if info.trust_remote_code else reference.for_folder(info.path)
+    return ref.ids if ref is not None else None
 
 
 def tokenize_chat_source(config: PipelineConfig, info: TokenizerInfo, text_dir: Path, out: Path, *, sharded: bool):

@@ -91,7 +91,7 @@ def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, 
     engine = engines.BY_NAME[name]
     try:
         setup = _setup(name, info, threads)
-        encoder = engine.build(setup)
+        encoder = engines.build(setup)
     except ImportError as err:
         return None, None, f"not installed ({err}); {engine.install}"
     except NotExpressible as err:

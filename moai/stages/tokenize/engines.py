@@ -206,4 +206,22 @@ FAST = frozenset({"fastokens", "gigatoken"})  # run their own thread pools at hu
 
 
 def build(setup: EncoderSetup) -> Encoder:
-    return BY_NAME[setup.engine].build(setup)
+    prebuilt = _prebuilt.pop((setup.engine, setup.backend_json, setup.split_special_tokens), None)
+    return prebuilt if prebuilt is not None else BY_NAME[setup.engine].build(setup)
+
+
+# Encoders built ahead of the check (`prebuild`), by (engine, pipeline, split_special_tokens); taken once.
+_prebuilt: dict[tuple[str, str, bool], Encoder] = {}
+
+
+def prebuild(backend_json: str, split_special_tokens: bool) -> None:
+    """Build fastokens for this pipeline now (in a thread, while other stages run), for `build` to
+    take; only fastokens, whose encoder does not depend on the thread count."""
+    from moai.stages.tokenize.engine import EncoderSetup
+
+    setup = EncoderSetup(backend_json, split_special_tokens, "fastokens", 1, False)
+    _prebuilt[("fastokens", backend_json, split_special_tokens)] = FastokensEncoder(setup)
+
+
+def drop_prebuilt() -> None:
+    _prebuilt.clear()
