@@ -73,8 +73,8 @@ def apply_verdicts(
     counts: Counter[str] = Counter()
     text = table.column(0)
     at = 0
-    with DatasetWriter(out_dir, TEXT_SCHEMA) as kept:
-        spill = DatasetWriter(out_dir / DROPPED_DIR, DROPPED_SCHEMA) if keep_dropped else None
+    with DatasetWriter(out_dir, TEXT_SCHEMA, max_shard_size) as kept:
+        spill = DatasetWriter(out_dir / DROPPED_DIR, DROPPED_SCHEMA, max_shard_size) if keep_dropped else None
         try:
             for v in verdicts:
                 if v.lo != at or v.hi - v.lo != len(v.reasons):
@@ -108,9 +108,9 @@ def apply_verdicts(
             if kept.rows == 0 and n:
                 reasons_text = ", ".join(f"{r}: {c:,}" for r, c in dropped.most_common())
                 raise DataError(f"{stage}: every one of {n:,} rows was dropped ({reasons_text}); {fix}")
-            rows_out = kept.finish(max_shard_size)
+            rows_out = kept.finish()
             if spill is not None:
-                spill.finish(max_shard_size)
+                spill.finish()
         finally:
             if spill is not None:
                 spill._close()

@@ -1,16 +1,16 @@
 """Writing and reading the text stages' `save_to_disk` folders in bounded batches.
 
-We write Arrow record batches straight to a stream file, then let `datasets` lay it out as a
-`save_to_disk` folder. No `datasets.map`/`filter` runs on our data: they write cache files next
+We write Arrow record batches straight into the shard files of a `save_to_disk` folder
+(`DatasetWriter`). No `datasets.map`/`filter` runs on our data: they write cache files next
 to their input (inside a published folder) and race in shared cache dirs, which is the
 `FileNotFoundError: .../tmpXXXX` our users hit.
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,24 +20,49 @@ TEXT_SCHEMA = pa.schema([("text", pa.string())])
 
 def write_text_dataset(batches: Iterable[list[str] | pa.RecordBatch], out_dir: Path, max_shard_size: str) -> int:
     """Write batches of texts as a `save_to_disk` folder in `out_dir`; return the row count."""
-    with DatasetWriter(out_dir, TEXT_SCHEMA) as writer:
+    with DatasetWriter(out_dir, TEXT_SCHEMA, max_shard_size) as writer:
         for batch in batches:
             if not isinstance(batch, pa.RecordBatch):
                 batch = pa.record_batch([pa.array(batch, type=pa.string())], schema=TEXT_SCHEMA)
             writer.write(batch)
-        return writer.finish(max_shard_size)
+        return writer.finish()
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+
+
+def size_bytes(size: str | int) -> int:
+    """'256MB' -> 256_000_000, '1GiB' -> 2**30 (the units `datasets` reads in max_shard_size)."""
+    if isinstance(size, int):
+        return size
+    text = size.strip().upper()
+    digits = text.rstrip("KMGIB")
+    unit = text[len(digits) :]
+    if not digits or unit not in _UNITS:
+        raise ValueError(f"{size!r} is not a size like 256MB or 1GiB")
+    return int(float(digits) * _UNITS[unit])
 
 
 class DatasetWriter:
-    """Record batches of `schema` streamed to `<out_dir>/_work/raw.arrow`, then laid out by `finish`
-    as a `save_to_disk` folder in `out_dir` (the work file is removed)."""
+    """Record batches of `schema` streamed into Arrow shard files of about `max_shard_size` each, laid
+    out by `finish` as a `save_to_disk` folder in `out_dir` that `datasets.load_from_disk` opens.
 
-    def __init__(self, out_dir: Path, schema: pa.Schema):
+    The shards are written as the batches come, in the stream format `datasets` itself writes: no
+    second pass over the data, and nothing the size of the data is held in memory or mapped (a
+    `save_to_disk` of the whole table mapped it and, for the splits, copied it into memory: peak
+    RSS grew with the corpus). The fingerprint in state.json is a hash of the rows written."""
+
+    def __init__(self, out_dir: Path, schema: pa.Schema, max_shard_size: str | int = "256MB"):
+        import xxhash
+
         self.out_dir, self.schema, self.rows = out_dir, schema, 0
-        self.work = out_dir / "_work"
-        self.work.mkdir(parents=True, exist_ok=True)
-        self._sink = pa.OSFile(str(self.work / "raw.arrow"), "wb")
-        self._writer = pa.ipc.new_stream(self._sink, schema)
+        self.max_shard_bytes = size_bytes(max_shard_size)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.shards: list[Path] = []
+        self._sink: pa.OSFile | None = None
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._shard_bytes = 0
+        self._hash = xxhash.xxh3_64()
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -45,32 +70,65 @@ class DatasetWriter:
     def __exit__(self, *exc) -> None:
         self._close()
 
+    def _open(self) -> None:
+        self._close()
+        path = self.out_dir / f"_shard-{len(self.shards):05d}.arrow"
+        self.shards.append(path)
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, self.schema)
+        self._shard_bytes = 0
+
     def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows:
-            self._writer.write_batch(batch)
-            self.rows += batch.num_rows
+        if not batch.num_rows:
+            return
+        if self._writer is None or self._shard_bytes >= self.max_shard_bytes:
+            self._open()
+        assert self._writer is not None
+        self._writer.write_batch(batch)
+        self._shard_bytes += batch.nbytes
+        self.rows += batch.num_rows
+        self._hash.update(str(batch.num_rows).encode())
+        for column in batch.columns:
+            for buf in column.buffers():
+                if buf is not None:
+                    self._hash.update(memoryview(buf))
 
     def _close(self) -> None:
-        if not self._sink.closed:
+        if self._writer is not None and self._sink is not None and not self._sink.closed:
             self._writer.close()
             self._sink.close()
 
-    def finish(self, max_shard_size: str) -> int:
-        import datasets
+    def finish(self) -> int:
+        """Name the shards as `save_to_disk` does and write its state.json and dataset_info.json."""
+        import json
 
+        from datasets import Features
+
+        if not self.shards:  # `datasets` cannot open a folder without a shard: one empty shard
+            self._open()
         self._close()
-        ds = datasets.Dataset.from_file(str(self.work / "raw.arrow"))
-        was_on = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bars()  # a bar per written folder; the stages report their own progress
-        try:
-            # With no rows, `datasets` writes no shard at all and cannot open the folder again: one empty shard.
-            shards = {"num_shards": 1} if self.rows == 0 else {"max_shard_size": max_shard_size}
-            ds.save_to_disk(str(self.out_dir), **shards)
-        finally:
-            if was_on:
-                datasets.enable_progress_bars()
-        del ds
-        shutil.rmtree(self.work)
+        n = len(self.shards)
+        names = [f"data-{i:05d}-of-{n:05d}.arrow" for i in range(n)]
+        for path, name in zip(self.shards, names, strict=True):
+            path.rename(self.out_dir / name)
+        info = {
+            "citation": "",
+            "description": "",
+            "features": Features.from_arrow_schema(self.schema).to_dict(),
+            "homepage": "",
+            "license": "",
+        }
+        (self.out_dir / "dataset_info.json").write_text(json.dumps(info, indent=2))
+        state: dict[str, Any] = {
+            "_data_files": [{"filename": name} for name in names],
+            "_fingerprint": self._hash.hexdigest(),
+            "_format_columns": None,
+            "_format_kwargs": {},
+            "_format_type": None,
+            "_output_all_columns": False,
+            "_split": None,
+        }
+        (self.out_dir / "state.json").write_text(json.dumps(state, indent=2))
         return self.rows
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from moai.config import FilterConfig, PipelineConfig
 from moai.errors import DataError
-from moai.formats.text import open_text, text_batches, text_bytes, write_text_dataset
+from moai.formats.text import MappedTable, text_batches, text_bytes, write_text_dataset
 from moai.report import timing
 
 NAME = "filter"
@@ -62,7 +62,8 @@ def filter_text(
             f"filter: the convert output {in_dir} holds 0 documents (an earlier moai published empty outputs); "
             f"remove it (rm -rf {shlex.quote(str(in_dir))}) and rerun: convert will say why the source gives none"
         )
-    table = open_text(in_dir).data.table
+    mapped = MappedTable(in_dir)
+    table = mapped.table
     dropped = {"empty": 0, "too_short": 0, "too_long": 0}
 
     def kept():
@@ -78,6 +79,7 @@ def filter_text(
             dropped["too_long"] += pc.sum(long).as_py() or 0
             keep = pc.invert(pc.or_(pc.or_(empty, short), long))
             yield batch.filter(keep)
+            mapped.release()  # written: keep resident memory flat over the corpus
 
     rows_out = write_text_dataset(kept(), out_dir, max_shard_size)
     if rows_out == 0:

@@ -1,8 +1,9 @@
 """save: publish the clean text as a sharded `save_to_disk` DatasetDict with train/validation.
 
 Validation rows are a seeded random choice of `round(val_fraction · rows)` rows (at least one
-when val_fraction > 0); both splits keep the corpus order. Selecting with an in-memory index
-(8 bytes a row) keeps `datasets` from writing index caches next to the published input.
+when val_fraction > 0); both splits keep the corpus order. The rows are streamed from the
+memory-mapped input into the two splits' shards (`DatasetWriter`): no `datasets` call writes
+caches next to the published input, and memory stays flat.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from moai.config import PipelineConfig, SplitConfig
 from moai.errors import DataError
-from moai.formats.text import open_text, text_bytes
+from moai.formats.text import TEXT_SCHEMA, DatasetWriter, MappedTable, text_bytes
 from moai.report import timing
 from moai.stages.chain import before
 
@@ -47,27 +48,39 @@ def validation_rows(num_rows: int, cfg: SplitConfig) -> np.ndarray:
     return np.sort(rng.choice(num_rows, size=n_val, replace=False)).astype(np.int64)
 
 
-def save(cfg: SplitConfig, in_dir: Path, out_dir: Path, *, max_shard_size: str) -> dict[str, Any]:
-    import datasets
+def save(
+    cfg: SplitConfig, in_dir: Path, out_dir: Path, *, max_shard_size: str, batch_rows: int = 10_000
+) -> dict[str, Any]:
+    """Stream the input's rows into the train and validation splits (the validation rows by
+    `validation_rows`), batch by batch: memory stays flat whatever the corpus size."""
+    import json
+
+    import pyarrow as pa
 
     started = time.perf_counter()
-    ds = open_text(in_dir)
-    n = ds.num_rows
+    mapped = MappedTable(in_dir)
+    table = mapped.table
+    n = table.num_rows
     if n == 0:
         raise DataError(f"{in_dir}: no rows to save")
-    val = validation_rows(n, cfg)
-    mask = np.ones(n, dtype=bool)
-    mask[val] = False
-    train_idx = np.flatnonzero(mask)
-    splits = {"train": ds.select(train_idx, keep_in_memory=True) if len(val) else ds}
-    if len(val):
-        splits["validation"] = ds.select(val, keep_in_memory=True)
-    else:
-        splits["validation"] = ds.select([], keep_in_memory=True)
-    datasets.DatasetDict(splits).save_to_disk(str(out_dir), max_shard_size=max_shard_size)
+    is_val = np.zeros(n, dtype=bool)
+    is_val[validation_rows(n, cfg)] = True
+    with (
+        DatasetWriter(out_dir / "train", TEXT_SCHEMA, max_shard_size) as train,
+        DatasetWriter(out_dir / "validation", TEXT_SCHEMA, max_shard_size) as validation,
+    ):
+        for lo in range(0, n, batch_rows):
+            text = table.column(0).slice(lo, min(batch_rows, n - lo)).combine_chunks()
+            val = is_val[lo : lo + len(text)]
+            train.write(pa.record_batch([text.filter(pa.array(~val))], schema=TEXT_SCHEMA))
+            if val.any():
+                validation.write(pa.record_batch([text.filter(pa.array(val))], schema=TEXT_SCHEMA))
+            mapped.release()  # text already copied out: keep resident memory flat over the corpus
+        splits = {"train": train.finish(), "validation": validation.finish()}
+    (out_dir / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
     return {
         "rows_in": n,
         "rows_out": n,
-        "splits": {name: split.num_rows for name, split in splits.items()},
-        **timing(float(text_bytes(ds.data.table).sum()) / 1e6, started),
+        "splits": splits,
+        **timing(float(text_bytes(table).sum()) / 1e6, started),
     }

@@ -1,0 +1,264 @@
+"""Cold `moai prepare` (convert → pack) against the raw tokenize engines on the same texts, in one run.
+
+    python benchmarks/prepare_e2e.py --corpus bench/instruct.jsonl \\
+        --text-template $'{instruction}\\n{input}\\n{output}' --tokenizer bench/tok-tekken --rounds 2
+
+Each contender runs in a fresh process, one after the other (interleaved over `--rounds`, so other
+load on a shared machine falls on all of them alike); peak RSS is the largest process's
+(`getrusage(RUSAGE_CHILDREN).ru_maxrss`):
+
+- moai: `moai prepare` with an empty cache (convert, filter, save, tokenizer, tokenize, pack):
+  wall time end to end (JSONL MB/s) and the tokenize stage's own seconds (engine check + encoding
+  + writing); with `--quarter`, the same on the first quarter of the corpus's lines too, for the
+  peak-RSS ratio;
+- the raw engines on the texts moai saved (loaded into memory before timing, the encode alone
+  timed, all cores): fastokens `encode_batch_flat`, gigatoken's native `encode_batch` (arrays) and
+  its HF-compatible call, tiktoken (the tokenizer.json translated, when it can be), `tokenizers`
+  `encode_batch_fast`, and transformers' own `tokenizer(texts)`;
+- gigatoken `encode_files` over the JSONL itself (the call Megatron-LM's
+  `tools/preprocess_data_fast.py` makes: JSON parsing in Rust, no BOS, nothing checked);
+- with `--old-way`: `datasets.map` with the transformers tokenizer (`benchmarks/tokenize.py`).
+
+"tokenize × fastest" is the tokenize stage's MB/s over the fastest raw engine's MB/s on the same
+texts (the issue's target: ≥ 0.8); "× moai" the contender's MB/s over moai's end to end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# This folder's tokenize.py shadows the standard library's `tokenize` when a script here runs.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+RAW = ["fastokens", "gigatoken", "gigatoken-hf", "tiktoken", "tokenizers", "transformers"]
+
+
+def _texts(saved: Path) -> list[str]:
+    from moai.formats.text import open_split_table
+
+    return [t for split in ("train", "validation") for t in open_split_table(saved, split).column(0).to_pylist()]
+
+
+def _encoder(kind: str, tokenizer: Path):
+    """(encode(batch) -> tokens in it) for a raw engine, built before timing."""
+    import numpy as np
+
+    if kind == "fastokens":
+        import fastokens
+
+        ft = fastokens.Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+        return lambda b: len(np.frombuffer(ft.encode_batch_flat(b, add_special_tokens=True)[0], dtype=np.uint32))
+    if kind == "gigatoken":
+        import awkward as ak
+        import gigatoken
+
+        g = gigatoken.Tokenizer(str(tokenizer))
+        return lambda b: int(ak.sum(ak.num(g.encode_batch(b), axis=1)))
+    if kind == "gigatoken-hf":
+        import gigatoken
+
+        hf = gigatoken.Tokenizer(str(tokenizer)).as_hf()
+        return lambda b: sum(len(x) for x in hf(b)["input_ids"])
+    if kind == "tiktoken":
+        from moai.stages.tokenize.tiktoken import TiktokenEncoder, spec_from_tokenizer_json
+
+        spec = spec_from_tokenizer_json((tokenizer / "tokenizer.json").read_text())
+        enc = TiktokenEncoder(spec, os.cpu_count() or 1)
+        return lambda b: sum(len(x) for x in enc.encode_arrays(b))
+    if kind == "tokenizers":
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+        return lambda b: sum(len(e) for e in tok.encode_batch_fast(b, add_special_tokens=True))
+    if kind == "transformers":
+        from transformers import AutoTokenizer
+
+        hf_tok = AutoTokenizer.from_pretrained(str(tokenizer))
+        return lambda b: sum(len(x) for x in hf_tok(b)["input_ids"])
+    raise ValueError(kind)
+
+
+def run_raw(kind: str, saved: Path, tokenizer: Path) -> dict:
+    texts = _texts(saved)
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    encode = _encoder(kind, tokenizer)
+    encode(texts[:64])  # warm-up: thread pools
+    started = time.perf_counter()
+    tokens = sum(encode(texts[i : i + 10_000]) for i in range(0, len(texts), 10_000))
+    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb}
+
+
+def run_encode_files(corpus: Path, tokenizer: Path) -> dict:
+    import awkward as ak
+    import gigatoken
+
+    g = gigatoken.Tokenizer(str(tokenizer))
+    started = time.perf_counter()
+    arr = g.encode_files(str(corpus))
+    tokens = int(ak.sum(ak.num(arr, axis=1)))
+    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": corpus.stat().st_size / 1e6}
+
+
+def run_moai(corpus: Path, tokenizer: Path, template: str | None, seq_len: int, work: Path) -> dict:
+    cache = work / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cfg: dict = {"cache_dir": str(cache), "source": {"path": str(corpus)}, "tokenizer": {"path": str(tokenizer)}}
+    if template:
+        cfg["source"]["text_template"] = template
+    cfg["pack"] = {"seq_len": seq_len}
+    path = work / "prepare.yaml"
+    path.write_text(json.dumps(cfg))
+    started = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "moai.cli", "prepare", str(path)], capture_output=True, text=True, check=True
+    )
+    seconds = time.perf_counter() - started
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    store = Path(summary["token_store"])
+    report = json.loads((store / "_manifest.json").read_text())["report"]
+    return {
+        "seconds": seconds,
+        "tokens": summary["num_tokens"],
+        "mb": corpus.stat().st_size / 1e6,
+        "tokenize_seconds": report["seconds"] + report.get("check_seconds", 0.0),
+        "engine": report["engine"],
+        "stages": {k: v.get("seconds") for k, v in summary["stages"].items()},
+        # the prepare process's own peak, up to the end of tokenize (pack holds no text); the
+        # transformers process beside it is not counted
+        "peak_rss_mb": report["peak_rss_mb"],
+    }
+
+
+def measure(args: list[str]) -> dict:
+    """Run this script in a fresh process for one contender; its result (with its peak RSS)."""
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def saved_text(corpus: Path, tokenizer: Path, template: str | None, work: Path) -> Path:
+    """moai's saved text of the corpus (the raw engines encode exactly these texts)."""
+    from moai.config import parse_config
+    from moai.pipeline import walk
+
+    cfg: dict = {"cache_dir": str(work / "saved-cache"), "source": {"path": str(corpus)}}
+    cfg["tokenizer"] = {"path": str(tokenizer)}
+    if template:
+        cfg["source"]["text_template"] = template
+    results = walk(parse_config(cfg), until="save")
+    return Path(results["save"].path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--text-template")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--raw", nargs="*", default=RAW, help="raw engines to run")
+    parser.add_argument("--quarter", action="store_true", help="moai on the first quarter of the lines too (RSS)")
+    parser.add_argument("--encode-files", action="store_true", help="gigatoken encode_files on the JSONL")
+    parser.add_argument("--work", type=Path)
+    parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)  # internal: one contender in this process
+    args = parser.parse_args()
+
+    if args.run:
+        kind, *rest = args.run
+        if kind == "moai":
+            r = run_moai(args.corpus, args.tokenizer, args.text_template, args.seq_len, Path(rest[0]))
+        elif kind == "encode-files":
+            r = run_encode_files(args.corpus, args.tokenizer)
+        else:
+            r = run_raw(kind, Path(rest[0]), args.tokenizer)
+        r.setdefault("peak_rss_mb", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+        print(json.dumps(r))
+        return
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="moai-e2e-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        saved = saved_text(args.corpus, args.tokenizer, args.text_template, work)
+        base = ["--corpus", str(args.corpus), "--tokenizer", str(args.tokenizer), "--seq-len", str(args.seq_len)]
+        if args.text_template:
+            base += ["--text-template", args.text_template]
+        quarter = None
+        if args.quarter:
+            quarter = work / "quarter.jsonl"
+            with open(args.corpus, "rb") as src:
+                lines = src.readlines()
+            quarter.write_bytes(b"".join(lines[: len(lines) // 4]))
+            del lines
+        rows: dict[str, list[dict]] = {}
+        for _ in range(args.rounds):
+            contenders: list[tuple[str, list[str]]] = [("moai", [*base, "--run", "moai", str(work / "moai")])]
+            if quarter is not None:
+                qbase = [*base]
+                qbase[1] = str(quarter)
+                contenders.append(("moai (quarter)", [*qbase, "--run", "moai", str(work / "moai-q")]))
+            contenders += [(k, [*base, "--run", k, str(saved)]) for k in args.raw]
+            if args.encode_files:
+                contenders.append(("gigatoken encode_files (JSONL)", [*base, "--run", "encode-files"]))
+            for name, argv in contenders:
+                (work / "moai").mkdir(exist_ok=True)
+                (work / "moai-q").mkdir(exist_ok=True)
+                r = measure(argv)
+                rows.setdefault(name, []).append(r)
+                print(f"{name}: {r}", file=sys.stderr, flush=True)
+        report(rows)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def report(rows: dict[str, list[dict]]) -> None:
+    def best(name: str) -> dict | None:
+        ok = [r for r in rows.get(name, []) if "error" not in r]
+        return min(ok, key=lambda r: r["seconds"]) if ok else None
+
+    moai = best("moai")
+    raw = {k: best(k) for k in RAW if best(k)}
+    fastest = max(raw.values(), key=lambda r: r["mb"] / r["seconds"]) if raw else None
+    print("| contender | seconds (best) | tokens | MB/s | × moai end to end | peak RSS MB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, runs in rows.items():
+        r = best(name)
+        if r is None:
+            print(f"| {name} | error: {runs[-1].get('error')} | | | | |")
+            continue
+        mbps = r["mb"] / r["seconds"]
+        x = f"{mbps / (moai['mb'] / moai['seconds']):.2f}" if moai else "–"
+        secs = ", ".join(f"{x['seconds']:.2f}" for x in runs if "error" not in x)
+        print(f"| {name} | {r['seconds']:.2f} ({secs}) | {r['tokens']:,} | {mbps:.1f} | {x} | {r.get('peak_rss_mb')} |")
+    if moai and fastest:
+        text_mb = fastest["mb"]
+        stage = text_mb / moai["tokenize_seconds"]
+        fast_name = next(k for k, v in raw.items() if v is fastest)
+        print(
+            f"\nmoai end to end: {moai['mb'] / moai['seconds']:.1f} MB/s of JSONL ({moai['seconds']:.2f} s, engine "
+            f"{moai['engine']}); tokenize stage {moai['tokenize_seconds']:.2f} s = {stage:.1f} MB/s of text, "
+            f"× fastest raw engine ({fast_name}, {text_mb / fastest['seconds']:.1f} MB/s): "
+            f"{stage / (text_mb / fastest['seconds']):.2f}"
+        )
+        print(f"moai stages (s): {moai['stages']}")
+    q = best("moai (quarter)")
+    if moai and q and moai.get("peak_rss_mb") and q.get("peak_rss_mb"):
+        print(
+            f"peak RSS: quarter {q['peak_rss_mb']} MB, all {moai['peak_rss_mb']} MB: {moai['peak_rss_mb'] / q['peak_rss_mb']:.2f}×"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""transformers in a process of its own (`moai.stages.tokenize.reference`): a cold prepare takes
+the tokenizer's description and the check's ids from it, the ids stay exact, and only a folder with
+the very same files is served by it."""
+
+import shutil
+
+import datasets
+import pytest
+
+from conftest import config_dict
+from moai.config import parse_config
+from moai.errors import TokenizerError
+from moai.formats.tokens import TokenStore
+from moai.pipeline import prepare
+from moai.stages import tokenizer as tokenizer_stage
+from moai.stages.tokenize import engines, reference
+from moai.stages.tokenizer import load_tokenizer
+
+
+@pytest.mark.slow
+def test_a_cold_prepare_loads_transformers_only_in_the_reference_process(tmp_path, corpus, tokenizer_dir, monkeypatch):
+    def not_here(*_a, **_k):
+        raise AssertionError("transformers loaded the tokenizer in the main process")
+
+    monkeypatch.setattr(tokenizer_stage, "loaded_tokenizer", not_here)
+    served = []
+    original = reference.Reference.ids
+    monkeypatch.setattr(reference.Reference, "ids", lambda self, texts: served.append(1) or original(self, texts))
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
+    result = prepare(cfg, progress=False)
+    assert served, "the tokenize check took transformers' ids from the reference process"
+    assert not reference._running and not engines._prebuilt  # the process ended with the run
+
+    # exact as ever: every stored document is transformers' ids + EOS
+    hf = load_tokenizer(str(tokenizer_dir))
+    store = TokenStore(result["token_store"])
+    saved = datasets.load_from_disk(str(tmp_path / "cache" / "save" / result["stages"]["save"]["key"]))
+    for split in ("train", "validation"):
+        texts = saved[split]["text"]
+        assert store.split(split).num_documents == len(texts)
+        for i, text in enumerate(texts):
+            assert store.split(split).document(i).tolist() == [*hf(text)["input_ids"], hf.eos_token_id]
+
+
+@pytest.mark.slow
+def test_only_a_folder_with_the_same_files_is_served(tmp_path, tokenizer_dir, bos_tokenizer_dir):
+    copy = tmp_path / "copy"
+    shutil.copytree(tokenizer_dir, copy)
+    cfg = parse_config(config_dict(tmp_path, "x.jsonl", {"path": str(tokenizer_dir)}))
+    with reference.prefetch(cfg) as ref:
+        assert ref is not None
+        assert reference.for_folder(copy) is ref
+        assert reference.for_folder(bos_tokenizer_dir) is None
+        info = ref.info("named", "fp")
+        assert info.name_or_path == "named" and info.fingerprint == "fp"
+        assert ref.ids(["hello world"]) == load_tokenizer(str(tokenizer_dir))(["hello world"])["input_ids"]
+    assert reference.for_folder(copy) is None and not ref.process.is_alive()
+
+
+@pytest.mark.slow
+def test_a_tokenizer_the_process_cannot_load_is_one_error_naming_it(tmp_path, tokenizer_dir):
+    broken = tmp_path / "broken"
+    shutil.copytree(tokenizer_dir, broken)
+    (broken / "tokenizer.json").write_text("{not json")
+    cfg = parse_config(config_dict(tmp_path, "x.jsonl", {"path": str(broken)}))
+    with reference.prefetch(cfg) as ref, pytest.raises(TokenizerError, match="cannot load tokenizer"):
+        assert ref is not None
+        ref.info(str(broken))
+
+
+def test_no_process_for_remote_code_chat_data_or_a_hub_name(tmp_path, tokenizer_dir):
+    for tokenizer, source in (
+        ({"path": str(tokenizer_dir), "trust_remote_code": True}, {}),
+        ({"path": str(tokenizer_dir)}, {"format": "chat"}),
+        ({"path": "org/some-model"}, {}),
+    ):
+        cfg = parse_config(config_dict(tmp_path, "x.jsonl", tokenizer, source=source))
+        with reference.prefetch(cfg) as ref:
+            assert ref is None
