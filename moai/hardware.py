@@ -242,7 +242,7 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
 
 # fastokens and gigatoken encode at hundreds of MB/s a core with their own thread pools: the
 # Python side around them (text out of Arrow, ids to the part files) becomes the work. Measured on
-# 2 cores (benchmarks/engines.py, 600 MB of instruction records, Tekken 131k): one process with 2
+# 2 cores (benchmarks/prepare_e2e.py, 600 MB of instruction records, Tekken 131k): one process with 2
 # threads beat 2 processes × 1 thread, whose start-up (~1 s each: interpreter, imports, encoder)
 # cost more than the second Python side saved. Past SMALL_MACHINE_CORES one process per
 # FAST_ENGINE_THREADS cores keeps several Python sides fed (not measured: no such machine here).
@@ -257,7 +257,7 @@ def _fast_engine_split(cores: int, procs: int | None, threads: int | None) -> De
         return Decision(
             (1, cores),
             f"{cores} cores: fastokens/gigatoken in one process with {cores} threads (2 cores: faster than 2×1, "
-            "benchmarks/engines.py)",
+            "benchmarks/prepare_e2e.py)",
         )
     p = max(1, cores // FAST_ENGINE_THREADS)
     return Decision(

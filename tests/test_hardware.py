@@ -61,8 +61,25 @@ def test_rows_cover_every_decision():
         "writer_batch_size",
         "memory_mode",
         "loader_workers",
+        "fast_engines",
     ]
     assert all(r["reason"] for r in rows)
+
+
+@pytest.mark.parametrize(
+    "cores,settings,want",
+    [
+        (2, {}, (1, 2)),  # small machines: one process, every core a thread of the engine
+        (4, {}, (1, 4)),
+        (16, {}, (2, 8)),
+        (64, {}, (8, 8)),
+        (16, {"num_proc": 4}, (4, 4)),  # explicit settings win
+        (16, {"threads_per_proc": 2}, (8, 2)),
+    ],
+)
+def test_fast_engines_split_processes_and_threads(cores, settings, want):
+    p = plan(hw(cores=cores), cfg(tokenize=settings))
+    assert p.fast_engines.value == want and p.fast_engines.reason
 
 
 def test_detect_reads_this_machine(tmp_path):

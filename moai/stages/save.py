@@ -49,7 +49,7 @@ def validation_rows(num_rows: int, cfg: SplitConfig) -> np.ndarray:
 
 
 def save(
-    cfg: SplitConfig, in_dir: Path, out_dir: Path, *, max_shard_size: str, batch_rows: int = 10_000
+    cfg: SplitConfig, in_dir: Path, out_dir: Path, *, max_shard_size: str, batch_rows: int = 1000
 ) -> dict[str, Any]:
     """Stream the input's rows into the train and validation splits (the validation rows by
     `validation_rows`), batch by batch: memory stays flat whatever the corpus size."""

@@ -3,7 +3,7 @@
 An engine turns a batch of texts into the ids transformers gives (`tokenizer(text)["input_ids"]`)
 as one flat uint32 array and document offsets (`Flat`), with no Python int per token where the
 engine allows it. `ENGINES` lists them in the order `auto` tries them; the order comes from
-measurement (`benchmarks/engines.py`, docs/performance.md): on 2 cores, over transformers' own
+measurement (`benchmarks/prepare_e2e.py`, docs/tokenize-engines.md): on 2 cores, over transformers' own
 call, fastokens ran 7–75×, gigatoken 7–12×, tiktoken ~2× and `tokenizers` 0.5–2.5× on six
 production tokenizer families. `auto` keeps the first one whose ids equal transformers' on
 every sampled document (`engine.choose_engine`); the others get a one-line reason each.
