@@ -255,9 +255,8 @@ def report(rows: dict[str, list[dict]]) -> None:
         print(f"moai stages (s): {moai['stages']}")
     q = best("moai (quarter)")
     if moai and q and moai.get("peak_rss_mb") and q.get("peak_rss_mb"):
-        print(
-            f"peak RSS: quarter {q['peak_rss_mb']} MB, all {moai['peak_rss_mb']} MB: {moai['peak_rss_mb'] / q['peak_rss_mb']:.2f}×"
-        )
+        ratio = moai["peak_rss_mb"] / q["peak_rss_mb"]
+        print(f"peak RSS: quarter {q['peak_rss_mb']} MB, all {moai['peak_rss_mb']} MB: {ratio:.2f}×")
 
 
 if __name__ == "__main__":
