@@ -233,7 +233,7 @@ def test_prepare_checks_seq_len_against_the_model_in_one_line(tmp_path, corpus, 
     assert not (tmp_path / "cache" / "convert").exists()
 
 
-def test_readme_mix_block_is_the_shipped_example():
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"## Mixing sources.*?```yaml\n(.*?)```", readme, flags=re.S)
+def test_mixing_guide_block_is_the_shipped_example():
+    guide = (ROOT / "docs" / "mixing.md").read_text()
+    block = re.search(r"# Mixing sources.*?```yaml\n(.*?)```", guide, flags=re.S)
     assert block and block.group(1) == (ROOT / "examples" / "mix.yaml").read_text()
