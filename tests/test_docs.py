@@ -27,3 +27,14 @@ def test_the_readme_is_short_and_links_every_guide():
     assert len(readme.splitlines()) <= 300
     guides = {p.name for p in (ROOT / "docs").glob("*.md")} - {"DESIGN.md", "STYLE.md", "FIELD-NOTES.md"}
     assert guides and all(f"docs/{name}" in readme for name in guides), guides
+
+
+def test_ci_runs_exactly_the_readmes_full_suite_command_and_the_readme_gives_the_fast_one():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    fast = [b for b in blocks if "pytest" in b and "setup.sh dev" in b]
+    assert fast and '-m "not slow"' in fast[0]
+    full = [b.strip() for b in blocks if b.strip().startswith(".venv/bin/python -m pytest")]
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert full == [ci[-1]]
+    assert "bash .ci/system-deps.sh" in ci  # what the system tests need, installed by CI, not by a test
