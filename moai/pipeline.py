@@ -358,9 +358,20 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
             name: {"key": r.key, "built": r.built}
             | {
                 k: r.report[k]
-                for k in ("rows_in", "rows_out", "dropped", "tokens", "samples", "seconds", "mb_per_s")
+                for k in (
+                    "rows_in",
+                    "rows_out",
+                    "dropped",
+                    "tokens",
+                    "samples",
+                    "padding_fraction",
+                    "documents_split",
+                    "seconds",
+                    "mb_per_s",
+                )
                 if k in r.report
             }
+            | ({"repetition": _repetition(r.report)} if split_name(name)[0] == mix.NAME else {})
             for name, r in results.items()
         },
     }
@@ -369,6 +380,11 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
         out["token_stores"] = {source: r.path for source, r in stores.items()}
         out["mix"] = {k: report[k] for k in ("total_tokens", "total_from", "tokens", "seq_len", "sources")}
     return out
+
+
+def _repetition(mix_report: dict[str, Any]) -> dict[str, float]:
+    """How many passes over its train windows each source gives (the mix report's `epochs`)."""
+    return {s["name"]: s["epochs"] for s in mix_report.get("sources", [])}
 
 
 def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:

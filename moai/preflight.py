@@ -7,7 +7,8 @@ than a data preparation and a launch:
 - the source: `source.path` matches files, or `source.hub` is a dataset that can be had (with
   `sources:`, each source, checked as `sources.<name>`);
 - `tokenizer.path`, `train.model_config` (a path or hub name) and `train.init_from`: an existing
-  path, or a hub name in the local cache or on a reachable hub (`moai.hub.resolve`);
+  path, or a hub name in the local cache or on a reachable hub (`moai.hub.resolve`); a tokenizer
+  folder holds a `tokenizer.json` that the Rust `tokenizers` library loads;
 - `cache_dir` can be written (a probe file is created and removed);
 - free space on cache_dir's filesystem against the corpus: convert holds the text twice while
   it runs (source read, Arrow written), and the whole cache ends near 3× the text;
@@ -19,6 +20,7 @@ than a data preparation and a launch:
 - `runner.kind ray`: Ray and prefect-ray are installed (`pip install 'moai[ray]'`).
 
 `gather` reads the facts (side effects live there), `evaluate` turns them into checks (pure).
+Independent failures are raised together (`Mistakes`), one line each.
 """
 
 from __future__ import annotations
@@ -166,7 +168,12 @@ def _resolve_into(f: Facts, setting: str, value: str) -> None:
     from moai import hub
 
     try:
-        f.resolved[setting] = hub.resolve(setting, value).where
+        resolved = hub.resolve(setting, value)
+        if setting == "tokenizer.path" and resolved.path is not None:
+            from moai.stages.tokenizer import check_folder
+
+            check_folder(value, resolved.path)  # tokenizer.json there and loadable: before any stage
+        f.resolved[setting] = resolved.where
     except MoaiError as err:
         f.errors[setting] = err
 
@@ -370,7 +377,20 @@ def require(config: PipelineConfig, *, train: bool = True, resume: bool = True) 
 
 
 def first_failure(checks: list[Check]) -> None:
-    """Raise the first failed check's error (a `ConfigError` of its text when it carries none)."""
-    for c in checks:
-        if c.status == "fail":
-            raise c.error if c.error is not None else ConfigError(f"{c.name}: {c.detail}")
+    """Raise the failed check's error (a `ConfigError` of its text when it carries none); several
+    independent failures together, one line each, so one attempt shows every mistake it can."""
+    failed = [
+        c.error if c.error is not None else ConfigError(f"{c.name}: {c.detail}") for c in checks if c.status == "fail"
+    ]
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        raise Mistakes(failed)
+
+
+class Mistakes(ConfigError):
+    """Several independent mistakes found by the checks: one line each (the CLI prefixes every line)."""
+
+    def __init__(self, errors: list[MoaiError]):
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors

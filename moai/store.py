@@ -150,6 +150,12 @@ class Store:
                 return self._used(self.read(stage, key))
             pub = self._build_locked(stage, key, builder, manifest or {})
         finally:
+            # Removed while still held, so a finished or interrupted build leaves no lock file: a
+            # process waiting on this file gets it after the release, sees it was unlinked
+            # (filelock >= 4) and locks a new one. Only SIGKILL leaves one (harmless: the kernel
+            # freed its lock; `moai cache prune` removes it).
+            with contextlib.suppress(OSError):
+                os.unlink(lock.lock_file)
             lock.release()
         log.info("%s %s: published %s", stage, key, pub.path)
         return self._used(pub)

@@ -3,6 +3,7 @@ per-stage summary, --no-progress, machine faults as one line, the README's confi
 
 import errno
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -84,6 +85,39 @@ def test_stage_table_shows_built_or_reused_rows_dropped_and_seconds():
     assert re.match(r"convert +built +3,000 → 2,990 +dropped: malformed_json 10 +1\.2s$", lines[0])
     assert re.match(r"filter +reused +2,990 → 2,984 +dropped: empty 6 +\(built in 0\.0s\)$", lines[1])
     assert "161,699 tokens" in lines[3] and "samples train 600, validation 31" in lines[4]
+
+
+def test_stage_table_shows_mix_as_windows_to_samples_best_fit_padding_and_readable_throughput():
+    lines = stage_table(
+        {
+            "tokenize": {
+                "built": True,
+                "rows_in": 10,
+                "rows_out": 10,
+                "tokens": 900,
+                "seconds": 1.5,
+                "mb_per_s": 0.0041,
+            },
+            "save": {"built": True, "rows_in": 10, "rows_out": 10, "seconds": 0.01, "mb_per_s": 103.4},
+            "filter": {"built": True, "rows_in": 10, "rows_out": 10, "seconds": 0.2, "mb_per_s": 0.66},
+            "mix": {
+                "built": True,
+                "rows_in": 239,
+                "rows_out": 250,
+                "samples": {"train": 240, "validation": 10},
+                "padding_fraction": 0.00071,
+                "documents_split": 12,
+                "repetition": {"ko": 1.9, "en": 0.5},
+            },
+        }
+    )
+    assert lines[0].endswith("1.5s  0.0041 MB/s") and lines[1].endswith("0.0s  103 MB/s")
+    assert lines[2].endswith("0.2s  0.66 MB/s")
+    assert re.match(
+        r"mix +built +239 windows → 250 samples +samples train 240, validation 10; padding 0\.071%; "
+        r"12 documents split; repetition ko ×1\.90, en ×0\.50$",
+        lines[3],
+    ), lines[3]
 
 
 @pytest.mark.parametrize(
@@ -237,3 +271,30 @@ def test_mixing_guide_block_is_the_shipped_example():
     guide = (ROOT / "docs" / "mixing.md").read_text()
     block = re.search(r"# Mixing sources.*?```yaml\n(.*?)```", guide, flags=re.S)
     assert block and block.group(1) == (ROOT / "examples" / "mix.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_an_unreadable_source_is_named_with_the_readable_fix_not_the_writable_one(tmp_path):
+    """A source file moai may not read: one line saying to make it readable (the cache is fine).
+    As root, permissions are checked only without the capabilities that bypass them (setpriv)."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    data = tmp_path / "examples" / "data" / "part-1.jsonl"
+    data.chmod(0)
+    prefix = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        assert setpriv, "setpriv (util-linux) is needed to drop root's permission bypass"
+        drop = "-dac_override,-dac_read_search"
+        prefix = [setpriv, "--bounding-set", drop, "--inh-caps", drop]
+    out = subprocess.run(
+        [*prefix, PYTHON, "-m", "moai.cli", "prepare", "examples/quickstart.yaml", "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=subprocess_env(),
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("moai: error: permission denied: examples/data/part-1.jsonl: moai cannot read"), line
+    assert "chmod a+r examples/data/part-1.jsonl" in line and "writable" not in line

@@ -37,7 +37,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +76,7 @@ from moai.stages.tokenize.parts import (
     write_store_meta,
 )
 from moai.stages.tokenizer import TokenizerInfo, info_of
+from moai.workers import spawn_pool
 
 if TYPE_CHECKING:  # a worker imports this package: it needs no pydantic
     from moai.config import PipelineConfig
@@ -156,17 +156,8 @@ def tokenize(
         if num_proc > 1:
             # Workers start now (spawn, imports) while this process checks the engine; each builds
             # its encoder from the checked set-up before its first part (`encode_part_with`).
-            pool = stack.enter_context(
-                ProcessPoolExecutor(
-                    num_proc,
-                    mp_context=get_context("spawn"),
-                    initializer=preload_worker,
-                    initargs=(threads_per_proc,),
-                )
-            )
             spawned_at = time.time()
-            for _ in range(num_proc):
-                pool.submit(int)  # a spawn pool starts a process per task while none is idle
+            pool = stack.enter_context(spawn_pool(num_proc, preload_worker, (threads_per_proc,)))
         checked = time.perf_counter()
         choice = choose_encoder(info, text_dir, engine, threads_per_proc)
         check_seconds = time.perf_counter() - checked
