@@ -85,8 +85,14 @@ def _print_stages(result: dict) -> None:
     """The per-stage summary on stderr: built or reused, rows in → out, dropped by reason, seconds."""
     from moai.report import stage_table
 
-    for line in stage_table(result.get("stages", {})):
+    stages = result.get("stages", {})
+    for line in stage_table(stages):
         print(f"moai: {line}", file=sys.stderr, flush=True)
+    # A stage built now logged its warnings as it ran; a reused one says them again, every command.
+    for s in stages.values():
+        if not s.get("built"):
+            for warning in s.get("warnings") or []:
+                print(f"moai: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def _quiet_progress() -> None:

@@ -28,6 +28,7 @@ tokenizer, `mix`) is one node that reads every source's node (`ctx.per_source("t
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -368,6 +369,7 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
                     "documents_split",
                     "seconds",
                     "mb_per_s",
+                    "warnings",
                 )
                 if k in r.report
             }
@@ -490,4 +492,29 @@ def launch_training(
     log_file = launch.log_path(resolved.parent, t.machine_rank, t.num_machines)
     log.info("launching %d training process(es): %s", cmd.num_processes, " ".join(cmd.argv))
     log.info("the whole training output goes to %s", log_file)
-    return launch.run_launch(cmd, on_line, on_metrics, log_file=log_file)
+    try:
+        return launch.run_launch(cmd, on_line, on_metrics, log_file=log_file)
+    except launch.TrainingFailed as err:
+        hint = damaged_data_hint(str(err), config.cache_dir, [data.sample_index, data.token_store])
+        if hint is not None:
+            err.args = (f"{err}; {hint}",)  # the same error (its tail and log path), one line longer
+        raise
+
+
+# What a token store or sample index changed after it was published makes training fail with: ids
+# past the embedding, windows past the tokens, rows of the wrong shape.
+DAMAGED_DATA = re.compile(
+    r"IndexError|index out of range|out of bounds|shape mismatch|size mismatch|must match the size|"
+    r"cannot reshape|invalid shape|device-side assert"
+)
+
+
+def damaged_data_hint(message: str, cache_dir: str, folders: list[str | None]) -> str | None:
+    """For a training failure that a damaged store can cause: the folders it read and the check."""
+    if not DAMAGED_DATA.search(message):
+        return None
+    where = ", ".join(f for f in folders if f)
+    return (
+        f"if the data it read ({where}) was changed after it was built, `moai cache verify {cache_dir}` "
+        "names the damaged folder (remove it and rerun to rebuild it)"
+    )

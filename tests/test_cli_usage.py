@@ -298,3 +298,23 @@ def test_an_unreadable_source_is_named_with_the_readable_fix_not_the_writable_on
     (line,) = out.stderr.splitlines()
     assert line.startswith("moai: error: permission denied: examples/data/part-1.jsonl: moai cannot read"), line
     assert "chmod a+r examples/data/part-1.jsonl" in line and "writable" not in line
+
+
+def test_a_smaller_vocabulary_and_an_empty_validation_split_are_warned_on_every_run(tmp_path, corpus, capsys):
+    """Built: logged as the stage runs; reused: said again after the table, as `moai: warning:`."""
+    from moai.config import parse_config
+    from moai.stages.tokenizer import vocab_warnings
+
+    data = config_dict(tmp_path, corpus, {"train": {"vocab_size": 5000}}, pack={"seq_len": 4096})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["prepare", str(cfg), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["prepare", str(cfg), "--no-progress"]) == 0  # every stage reused
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("moai: warning: ")]
+    assert len(warnings) == 2, warnings
+    assert re.match(
+        r"moai: warning: tokenizer\.train\.vocab_size 5,000 asked, [\d,]+ trained: .* min_frequency", warnings[0]
+    )
+    assert "0 validation samples and training evaluates nothing" in warnings[1]
+    assert vocab_warnings(parse_config(data).tokenizer.train, {"vocab_size": 5000, "documents": 1}) == []

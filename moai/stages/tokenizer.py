@@ -60,10 +60,28 @@ def build(ctx, out: Path) -> dict[str, Any]:
     if ctx.config.sources is not None:
         saved = ctx.per_source("save")
         weights = {s.name: s.weight for s in ctx.config.sources}
-        return train_tokenizer_mixed(
+        report = train_tokenizer_mixed(
             tcfg.train, {n: (saved[n], w) for n, w in weights.items()}, out, batch_size=ctx.plan.batch_size.value
         )
-    return train_tokenizer(tcfg.train, ctx.path("save"), out, batch_size=ctx.plan.batch_size.value)
+    else:
+        report = train_tokenizer(tcfg.train, ctx.path("save"), out, batch_size=ctx.plan.batch_size.value)
+    warnings = vocab_warnings(tcfg.train, report)
+    for w in warnings:
+        log.warning(w)
+    return {**report, "warnings": warnings}
+
+
+def vocab_warnings(cfg: TokenizerTrainConfig, report: dict[str, Any]) -> list[str]:
+    """A vocabulary smaller than asked: BPE stops when no pair of tokens occurs min_frequency times."""
+    got = report["vocab_size"]
+    if got >= cfg.vocab_size:
+        return []
+    return [
+        f"tokenizer.train.vocab_size {cfg.vocab_size:,} asked, {got:,} trained: the {report['documents']:,} "
+        f"training documents have no more pairs of tokens occurring tokenizer.train.min_frequency "
+        f"({cfg.min_frequency}) times or more to merge; train on more text (tokenizer.train.max_documents, more "
+        "data), lower min_frequency, or ask for the vocabulary you got"
+    ]
 
 
 def info_of(config: PipelineConfig, published: Path | str, key: str) -> TokenizerInfo:
