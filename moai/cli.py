@@ -59,7 +59,10 @@ def _plan_cmd(args: argparse.Namespace) -> int:
     print("# checks")
     width = max(len(c.name) for c in checks)
     for c in checks:
-        print(f"{c.status:<4}  {c.name:<{width}}  {c.detail}" + (f"; fix: {c.fix}" if c.status == "warn" else ""))
+        print(
+            f"{c.status:<4}  {c.name:<{width}}  {c.detail}"
+            + (f"; fix: {c.fix}" if c.status == "warn" and c.fix else "")
+        )
     return 0
 
 

@@ -140,8 +140,12 @@ def test_other_os_errors_keep_their_traceback():
     assert environment_error(OSError(errno.EBADF, "Bad file descriptor")) is None
 
 
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
 def _readme_config() -> str:
-    readme = (ROOT / "README.md").read_text()
+    readme = _readme()
     block = re.search(r"## Your data and your tokenizer.*?```yaml\n(.*?)```", readme, flags=re.S)
     assert block, "README has no config block under 'Your data and your tokenizer'"
     return block.group(1)
@@ -173,6 +177,13 @@ def test_readme_config_prepares_as_pasted_with_a_summary_and_no_bars(tmp_path):
     summary = [line for line in out.stderr.splitlines() if re.match(r"moai: \w+ +(built|reused) ", line)]
     assert [line.split()[1] for line in summary] == ["convert", "filter", "save", "tokenizer", "tokenize", "pack"]
     assert "dropped: empty 6" in out.stderr  # the example data has 6 empty texts, counted where users see them
+
+    # stderr is the table the README shows, line for line (not the seconds), and nothing else
+    def counts(lines):
+        return [" ".join(re.sub(r"\s+[\d.]+s(\s+[\d.,]+ MB/s)?$", "", line).split()) for line in lines]
+
+    shown = re.search(r"`moai prepare my.yaml` on the example prints.*?```\n(.*?)```", _readme(), flags=re.S)
+    assert shown and counts(out.stderr.splitlines()) == counts(shown.group(1).splitlines())
 
 
 @pytest.mark.parametrize("name", ["quickstart.yaml", "instruct-jsonl.yaml"])

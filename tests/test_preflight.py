@@ -275,3 +275,23 @@ def test_a_finished_or_foreign_output_dir_fails_together_with_the_other_checks(t
         str(next(c.error for c in checks if c.name == "pack.seq_len")),
         "other run",
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["quickstart.yaml", "mix.yaml"])
+def test_the_validation_estimate_is_within_20_percent_on_the_examples(tmp_path, monkeypatch, example):
+    """Bytes per token measured with the tokenizer on a sample of each source, not assumed."""
+    import re
+    import shutil
+
+    from conftest import ROOT
+    from moai.pipeline import prepare
+    from moai.presets import resolve_config
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    config = resolve_config(f"examples/{example}")
+    (check,) = [c for c in preflight.run(config, train=False) if c.name == "validation"]
+    estimated = int(re.match(r"~(\d+) validation sample", check.detail).group(1))
+    real = prepare(config, progress=False)["num_samples"]["validation"]
+    assert abs(estimated - real) <= 0.2 * real, (estimated, real)
