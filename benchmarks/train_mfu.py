@@ -7,7 +7,7 @@ out: the tokenizer (a vocabulary size), `open_data` (the synthetic samples), and
 and final-model writes (no-ops). Each run is one process; several runs (`--run`) go back to back
 and end in one table.
 
-Synthetic data: documents whose token lengths follow those of the README's benchmark corpus
+Synthetic data: documents whose token lengths follow those of docs/performance.md's benchmark corpus
 (`make_corpus.py` text with its 32k tokenizer: median ~1,500 tokens, 85% of tokens in documents
 longer than 2,048), concatenated and cut into seq_len rows with `position_ids` restarting at each
 document (moai's own `position_ids`), so flex_attention masks documents as on real data. Tokens

@@ -5,8 +5,10 @@ What a stage folder `<cache_dir>/<stage>/` holds:
 
 - `<key>/`: a published entry, with its `_manifest.json`. A folder named like a key without a
   readable manifest is a damaged entry (the store never publishes one);
-- `.<key>.lock`: the lock a builder of `key` holds (`fcntl.flock`). It stays after the build (0
-  bytes); one with neither an entry nor a build beside it is a stray lock;
+- `.<key>.lock`: the lock a builder of `key` holds (`fcntl.flock`, 0 bytes). The builder removes
+  it before letting go, whether the build published, failed or was interrupted; only a builder
+  killed with SIGKILL leaves one: a stray lock, harmless (the kernel freed its lock when the
+  process died, so it blocks nobody) and removed by `moai cache prune`;
 - `.tmp-<key>-<pid>-<hex>`: a build in progress (its key's lock is held), or a leftover of a builder
   that died; `.trash-<key>-<pid>-<hex>`: an entry being removed, or left by a prune that died;
 - `.uses.jsonl`: one line per reuse or build (`Store._used`): when, and for which config.

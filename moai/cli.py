@@ -59,16 +59,43 @@ def _plan_cmd(args: argparse.Namespace) -> int:
     print("# checks")
     width = max(len(c.name) for c in checks)
     for c in checks:
-        print(f"{c.status:<4}  {c.name:<{width}}  {c.detail}" + (f"; fix: {c.fix}" if c.status == "warn" else ""))
+        print(
+            f"{c.status:<4}  {c.name:<{width}}  {c.detail}"
+            + (f"; fix: {c.fix}" if c.status == "warn" and c.fix else "")
+        )
     return 0
+
+
+class _Terse(logging.Formatter):
+    """Without -v: a warning is `moai: warning: ...`, like the errors (no time, no logger name)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"moai: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def _set_up_logging(verbose: bool) -> None:
+    """The stage table and warnings on stderr; the library's INFO records (what was published,
+    reused, which engine) only with -v, with their time and logger."""
+    handler = logging.StreamHandler(sys.stderr)
+    if verbose:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(_Terse())
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
 
 
 def _print_stages(result: dict) -> None:
     """The per-stage summary on stderr: built or reused, rows in → out, dropped by reason, seconds."""
     from moai.report import stage_table
 
-    for line in stage_table(result.get("stages", {})):
+    stages = result.get("stages", {})
+    for line in stage_table(stages):
         print(f"moai: {line}", file=sys.stderr, flush=True)
+    # A stage built now logged its warnings as it ran; a reused one says them again, every command.
+    for s in stages.values():
+        if not s.get("built"):
+            for warning in s.get("warnings") or []:
+                print(f"moai: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def _quiet_progress() -> None:
@@ -259,6 +286,7 @@ def environment_error(err: OSError) -> str | None:
     """One line for a fault of the machine (permissions, read-only or full disk), naming the path
     and the fix; None for any other OSError (a bug of moai's: its traceback is kept)."""
     import errno
+    import shlex
 
     from moai.hardware import free_bytes
 
@@ -269,9 +297,32 @@ def environment_error(err: OSError) -> str | None:
             f"no space left writing {where}{free}: free disk space or move cache_dir (or train.output_dir) "
             "to a bigger disk; nothing half-written is kept, rerun to continue"
         )
+    if err.errno in (errno.EACCES, errno.EPERM) and err.filename and (blocked := unreadable(err.filename)):
+        return (
+            f"permission denied: {where}: moai cannot read {blocked}; make it readable by this user "
+            f"(chmod a+r{'x' if os.path.isdir(blocked) else ''} {shlex.quote(blocked)}, or chown), "
+            "or point the setting that names it (source.path, tokenizer.path, ...) at a copy you can read"
+        )
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         what = "read-only file system" if err.errno == errno.EROFS else "permission denied"
         return f"{what}: {where}: make it writable, or set cache_dir (or train.output_dir) to a folder you can write"
+    return None
+
+
+def unreadable(path: str) -> str | None:
+    """The first part of `path` this process may not read: a folder it cannot enter, or the file
+    itself; None when it can read all of it (a permission error there came from writing)."""
+    folder, folders = os.path.dirname(os.path.abspath(path)), []
+    while folder not in folders:  # the root is its own dirname
+        folders.append(folder)
+        folder = os.path.dirname(folder)
+    for folder in reversed(folders):
+        if os.path.isdir(folder) and not os.access(folder, os.X_OK):
+            return folder
+    if os.path.isdir(path):
+        return None if os.access(path, os.R_OK | os.X_OK) else path
+    if os.path.exists(path) and not os.access(path, os.R_OK):
+        return path
     return None
 
 
@@ -333,6 +384,21 @@ def _on_signal(signum: int, frame) -> None:
         signal.signal(sig, _on_second_signal)
     _stop_workers()
     raise Interrupted(signum)
+
+
+def _unraisable(unraisable) -> None:
+    """An `Interrupted` raised where Python can only print and drop it (a `__del__`, a weakref
+    callback): no traceback; the signal is sent again, so the command still stops, one line."""
+    err = unraisable.exc_value
+    if isinstance(err, Interrupted) and os.getpid() == _MAIN_PID:
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, _on_signal)
+        except ValueError:  # not the main thread: the second-signal handler stays
+            pass
+        os.kill(os.getpid(), err.signum)
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _on_second_signal(signum: int, frame) -> None:
@@ -458,15 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     global _MAIN_PID
     _MAIN_PID = os.getpid()
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _set_up_logging(args.verbose)
     # Ctrl-C and SIGTERM (a scheduler, `kill`) unwind the command: a stage being built drops its
     # temporary folder, a launch takes its process group down; then one line, exit 130 or 143.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _on_signal)
+    sys.unraisablehook = _unraisable
     # Bars are for a terminal: a job log (Slurm, a redirect) gets none, whatever the command.
     if getattr(args, "no_progress", False) or not sys.stderr.isatty():
         _quiet_progress()
@@ -475,14 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     except (Interrupted, KeyboardInterrupt) as err:
         return _interrupted(err.signum if isinstance(err, Interrupted) else signal.SIGINT)
     except MoaiError as err:
-        print(f"moai: error: {err}", file=sys.stderr)
+        for line in str(err).splitlines():  # several independent mistakes: one line each
+            print(f"moai: error: {line}", file=sys.stderr)
         return 2
     except OSError as err:
-        line = environment_error(err)
-        if line is None:
+        fault = environment_error(err)
+        if fault is None:
             raise
         logging.getLogger("moai").debug("environment error", exc_info=True)
-        print(f"moai: error: {line}", file=sys.stderr)
+        print(f"moai: error: {fault}", file=sys.stderr)
         return 2
 
 

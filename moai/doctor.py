@@ -97,8 +97,9 @@ def evaluate(f: Facts) -> list[Check]:
     out.append(
         Check(
             "disk",
-            "pass" if hw.disk_type == "ssd" else "warn",
-            f"cache_dir on {hw.disk_type}",
+            "pass" if hw.disk_type in ("ssd", "virtual") else "warn",
+            f"cache_dir on {hw.disk_type}"
+            + (" disk (its kind cannot be told from inside the machine)" if hw.disk_type == "virtual" else ""),
             disk_fix.get(hw.disk_type, ""),
         )
     )

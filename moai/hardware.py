@@ -36,7 +36,7 @@ NETWORK_FILESYSTEMS = {
 class Hardware:
     cores: int
     mem_available_gb: float
-    disk_type: str  # ssd | hdd | network | unknown
+    disk_type: str  # ssd | hdd | virtual | network | unknown
     disk_free_gb: float
     gpus: tuple[str, ...] = ()
 
@@ -104,10 +104,23 @@ def _disk_of(path: Path) -> tuple[str, float]:
     dev = Path(best.device).name
     # /sys/block/<disk>/queue/rotational: 1 for spinning disks; partitions map to their parent disk.
     for candidate in (dev, dev.rstrip("0123456789"), dev.split("p")[0] if dev.startswith("nvme") else dev):
-        rot = Path("/sys/block") / candidate / "queue" / "rotational"
+        block = Path("/sys/block") / candidate
+        rot = block / "queue" / "rotational"
         if rot.is_file():
-            return ("hdd" if rot.read_text().strip() == "1" else "ssd"), free_gb
+            driver = (block / "device" / "driver").resolve().name if (block / "device" / "driver").exists() else ""
+            return disk_kind(rot.read_text().strip(), driver, candidate), free_gb
     return "unknown", free_gb
+
+
+VIRTUAL_DISK_DRIVERS = {"virtio_blk", "virtio_scsi", "xen_blkfront", "vbd", "hv_storvsc"}
+
+
+def disk_kind(rotational: str, driver: str, name: str) -> str:
+    """ssd, hdd or virtual from /sys/block/<disk>: a paravirtual disk (virtio, Xen, Hyper-V) reports
+    rotational 1 by default whatever stores it, so its flag is no evidence of a spinning disk."""
+    if driver in VIRTUAL_DISK_DRIVERS or name.startswith(("vd", "xvd")):
+        return "virtual"
+    return "hdd" if rotational == "1" else "ssd"
 
 
 def free_bytes(path: str | os.PathLike) -> int:

@@ -28,6 +28,7 @@ tokenizer, `mix`) is one node that reads every source's node (`ctx.per_source("t
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -358,9 +359,21 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
             name: {"key": r.key, "built": r.built}
             | {
                 k: r.report[k]
-                for k in ("rows_in", "rows_out", "dropped", "tokens", "samples", "seconds", "mb_per_s")
+                for k in (
+                    "rows_in",
+                    "rows_out",
+                    "dropped",
+                    "tokens",
+                    "samples",
+                    "padding_fraction",
+                    "documents_split",
+                    "seconds",
+                    "mb_per_s",
+                    "warnings",
+                )
                 if k in r.report
             }
+            | ({"repetition": _repetition(r.report)} if split_name(name)[0] == mix.NAME else {})
             for name, r in results.items()
         },
     }
@@ -369,6 +382,11 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
         out["token_stores"] = {source: r.path for source, r in stores.items()}
         out["mix"] = {k: report[k] for k in ("total_tokens", "total_from", "tokens", "seq_len", "sources")}
     return out
+
+
+def _repetition(mix_report: dict[str, Any]) -> dict[str, float]:
+    """How many passes over its train windows each source gives (the mix report's `epochs`)."""
+    return {s["name"]: s["epochs"] for s in mix_report.get("sources", [])}
 
 
 def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
@@ -478,4 +496,29 @@ def launch_training(
     log_file = launch.log_path(resolved.parent, t.machine_rank, t.num_machines)
     log.info("launching %d training process(es): %s", cmd.num_processes, " ".join(cmd.argv))
     log.info("the whole training output goes to %s", log_file)
-    return launch.run_launch(cmd, on_line, on_metrics, log_file=log_file)
+    try:
+        return launch.run_launch(cmd, on_line, on_metrics, log_file=log_file)
+    except launch.TrainingFailed as err:
+        hint = damaged_data_hint(str(err), config.cache_dir, [data.sample_index, data.token_store])
+        if hint is not None:
+            err.args = (f"{err}; {hint}",)  # the same error (its tail and log path), one line longer
+        raise
+
+
+# What a token store or sample index changed after it was published makes training fail with: ids
+# past the embedding, windows past the tokens, rows of the wrong shape.
+DAMAGED_DATA = re.compile(
+    r"IndexError|index out of range|out of bounds|shape mismatch|size mismatch|must match the size|"
+    r"cannot reshape|invalid shape|device-side assert"
+)
+
+
+def damaged_data_hint(message: str, cache_dir: str, folders: list[str | None]) -> str | None:
+    """For a training failure that a damaged store can cause: the folders it read and the check."""
+    if not DAMAGED_DATA.search(message):
+        return None
+    where = ", ".join(f for f in folders if f)
+    return (
+        f"if the data it read ({where}) was changed after it was built, `moai cache verify {cache_dir}` "
+        "names the damaged folder (remove it and rerun to rebuild it)"
+    )

@@ -7,18 +7,21 @@ than a data preparation and a launch:
 - the source: `source.path` matches files, or `source.hub` is a dataset that can be had (with
   `sources:`, each source, checked as `sources.<name>`);
 - `tokenizer.path`, `train.model_config` (a path or hub name) and `train.init_from`: an existing
-  path, or a hub name in the local cache or on a reachable hub (`moai.hub.resolve`);
+  path, or a hub name in the local cache or on a reachable hub (`moai.hub.resolve`); a tokenizer
+  folder holds a `tokenizer.json` that the Rust `tokenizers` library loads;
 - `cache_dir` can be written (a probe file is created and removed);
 - free space on cache_dir's filesystem against the corpus: convert holds the text twice while
   it runs (source read, Arrow written), and the whole cache ends near 3× the text;
 - `pack.seq_len` is at most the model's `max_position_embeddings`;
-- the validation split is estimated from the corpus size (~`BYTES_PER_TOKEN` bytes a token): a
-  split shorter than one `seq_len` window packs to 0 samples and training evaluates nothing;
+- the validation split is estimated from the corpus size and the bytes per token measured with
+  the tokenizer on the first MiB of each JSON-lines source (`BYTES_PER_TOKEN` otherwise): a split
+  shorter than one `seq_len` window packs to 0 samples and training evaluates nothing;
 - `train.output_dir` can be resumed with these settings, or is already finished
   (`moai.train.checkpoint.resume_plan`);
 - `runner.kind ray`: Ray and prefect-ray are installed (`pip install 'moai[ray]'`).
 
 `gather` reads the facts (side effects live there), `evaluate` turns them into checks (pure).
+Independent failures are raised together (`Mistakes`), one line each.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class Facts:
     resume: Check | None = None
     cleaning: dict[str, str] = field(default_factory=dict)  # cleaning stage that is on → what it will do
     runner_missing: list[str] = field(default_factory=list)  # packages runner.kind needs that are not installed
+    bytes_per_token: dict[str, float] = field(default_factory=dict)  # source setting -> measured on a sample
 
 
 def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True, resume: bool = True) -> Facts:
@@ -100,6 +104,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
         f.corpus_bytes = sum(b for _, b in f.local_files.values())
     if tokenizer and config.tokenizer.path is not None:
         _resolve_into(f, "tokenizer.path", config.tokenizer.path)
+    _bytes_per_token_into(f)
     t = config.train
     if train and t is not None and t.enabled:
         f.train_checked = True
@@ -162,11 +167,35 @@ def _cleaning_detail(f: Facts, name: str, settings: dict[str, Any]) -> str:
     return f"{settings['ngram']}-grams of the evaluation texts in field(s) {settings['text_field']}"
 
 
+def _bytes_per_token_into(f: Facts) -> None:
+    """With a local tokenizer folder, each local source's bytes per token on a sample of its first file."""
+    from moai.stages.convert.readers import source_files
+
+    path = f.config.tokenizer.path
+    if path is None or "tokenizer.path" in f.errors or not (Path(path).expanduser() / "tokenizer.json").is_file():
+        return
+    for setting, src in source_settings(f.config):
+        if setting not in f.local_files or f.local_files[setting][1] == 0:
+            continue
+        try:
+            rate = sample_bytes_per_token(source_files(src)[0], src, Path(path).expanduser() / "tokenizer.json")
+        except Exception as err:  # an estimate only: the default rate then
+            log.debug("%s: no bytes-per-token sample (%s)", setting, err)
+            continue
+        if rate is not None:
+            f.bytes_per_token[setting] = rate
+
+
 def _resolve_into(f: Facts, setting: str, value: str) -> None:
     from moai import hub
 
     try:
-        f.resolved[setting] = hub.resolve(setting, value).where
+        resolved = hub.resolve(setting, value)
+        if setting == "tokenizer.path" and resolved.path is not None:
+            from moai.stages.tokenizer import check_folder
+
+            check_folder(value, resolved.path)  # tokenizer.json there and loadable: before any stage
+        f.resolved[setting] = resolved.where
     except MoaiError as err:
         f.errors[setting] = err
 
@@ -199,7 +228,7 @@ def _resume_check(config: PipelineConfig) -> Check | None:
     except MoaiError as err:
         return Check("train.output_dir", "fail", str(err), error=err)
     if decided.status == "finished":
-        return Check("train.output_dir", "warn", decided.detail, "continue from it in a new train.output_dir")
+        return Check("train.output_dir", "warn", decided.detail)  # the detail says how to train further
     return Check("train.output_dir", "pass", decided.detail)
 
 
@@ -321,32 +350,85 @@ def _seq_len_checks(f: Facts) -> list[Check]:
             out.append(Check("pack.seq_len", "fail", str(err), fix, error=err))
         else:
             out.append(Check("pack.seq_len", "pass", f"{seq_len} ≤ max_position_embeddings {mpe}"))
-    estimate = validation_estimate(f.corpus_bytes, c.split.val_fraction, seq_len)
+    # Each source's validation windows are its own (a mix keeps them apart): the sum of per-source estimates.
+    sizes: dict[str, int | None] = {setting: size for setting, (_, size) in f.local_files.items()} or {
+        "": f.corpus_bytes
+    }
+    per_source = [
+        validation_estimate(size, c.split.val_fraction, seq_len, f.bytes_per_token.get(setting, BYTES_PER_TOKEN))
+        for setting, size in sizes.items()
+    ]
+    known = [e for e in per_source if e is not None]
+    estimate = (sum(t for t, _ in known), sum(s for _, s in known)) if known and len(known) == len(per_source) else None
     if c.pack.enabled and estimate is not None and f.corpus_bytes:
         tokens, samples = estimate
+        measured = sorted(set(f.bytes_per_token.values()))
+        rate = (
+            f"~{'/'.join(f'{r:.1f}' for r in measured)} bytes a token, measured with the tokenizer on a sample"
+            if measured
+            else f"~{BYTES_PER_TOKEN} bytes a token"
+        )
         if samples < 1:
             out.append(
                 Check(
                     "validation",
                     "warn",
                     f"~{tokens} validation tokens (split.val_fraction {c.split.val_fraction} of "
-                    f"{_gb(f.corpus_bytes or 0)} at ~{BYTES_PER_TOKEN} bytes a token) < pack.seq_len {seq_len}: "
+                    f"{_gb(f.corpus_bytes or 0)} at {rate}) < pack.seq_len {seq_len}: "
                     "likely 0 validation samples, and training then evaluates nothing",
                     "lower pack.seq_len, raise split.val_fraction, or add data",
                 )
             )
         else:
-            out.append(Check("validation", "pass", f"~{samples} validation sample(s) of {seq_len} tokens (estimate)"))
+            out.append(
+                Check("validation", "pass", f"~{samples} validation sample(s) of {seq_len} tokens (estimate at {rate})")
+            )
     return out
 
 
-def validation_estimate(corpus_bytes: int | None, val_fraction: float, seq_len: int) -> tuple[int, int] | None:
+def validation_estimate(
+    corpus_bytes: int | None, val_fraction: float, seq_len: int, bytes_per_token: float = BYTES_PER_TOKEN
+) -> tuple[int, int] | None:
     """(tokens, samples) the validation split will roughly hold; None when it cannot be told (a
     hub dataset) or is meant to be empty (val_fraction 0)."""
     if corpus_bytes is None or val_fraction == 0:
         return None
-    tokens = int(corpus_bytes * val_fraction / BYTES_PER_TOKEN)
+    tokens = int(corpus_bytes * val_fraction / bytes_per_token)
     return tokens, tokens // seq_len
+
+
+def sample_bytes_per_token(path: Path, src: SourceConfig, tokenizer_json: Path, limit: int = 1 << 20) -> float | None:
+    """Source bytes per token (EOS included) on the first `limit` bytes of a JSON-lines source file,
+    with the tokenizer's Rust backend (no truncation or padding): what the validation estimate
+    divides by. None for other formats, chat data, or nothing readable."""
+    if path.suffix.lower() != ".jsonl" or src.format == "chat":
+        return None
+    import json
+
+    from tokenizers import Tokenizer
+
+    with open(path, "rb") as f:
+        head = f.read(limit)
+    lines = head.split(b"\n")
+    if len(head) == limit:
+        lines = lines[:-1]  # cut short
+    texts, used = [], 0
+    for raw in lines:
+        used += len(raw) + 1
+        try:
+            row = json.loads(raw)
+            text = row[src.text_field] if src.text_field is not None else (src.text_template or "").format_map(row)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            continue
+        if isinstance(text, str) and text.strip():
+            texts.append(text)
+    if not texts:
+        return None
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    tok.no_truncation()
+    tok.no_padding()
+    tokens = sum(len(e.ids) for e in tok.encode_batch(texts)) + len(texts)  # + the EOS of each document
+    return used / tokens
 
 
 def _gb(num_bytes: int) -> str:
@@ -370,7 +452,20 @@ def require(config: PipelineConfig, *, train: bool = True, resume: bool = True) 
 
 
 def first_failure(checks: list[Check]) -> None:
-    """Raise the first failed check's error (a `ConfigError` of its text when it carries none)."""
-    for c in checks:
-        if c.status == "fail":
-            raise c.error if c.error is not None else ConfigError(f"{c.name}: {c.detail}")
+    """Raise the failed check's error (a `ConfigError` of its text when it carries none); several
+    independent failures together, one line each, so one attempt shows every mistake it can."""
+    failed = [
+        c.error if c.error is not None else ConfigError(f"{c.name}: {c.detail}") for c in checks if c.status == "fail"
+    ]
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        raise Mistakes(failed)
+
+
+class Mistakes(ConfigError):
+    """Several independent mistakes found by the checks: one line each (the CLI prefixes every line)."""
+
+    def __init__(self, errors: list[MoaiError]):
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors

@@ -13,11 +13,13 @@ builder holds an `fcntl` lock on the key. So:
 
 The manifest lists every file of the folder with its size and xxh3-128 digest, taken just
 before publishing while the files are still in the page cache: 10-15 ms for 50 MB on one core,
-against 50-100 ms to write them (read back from disk, as `moai cache verify` does: ~100 ms). Every
-reuse checks that each listed file is there with its size (a `stat` per file, no reading), so a
-truncated or deleted file is named with its fix (`CacheError`) instead of feeding a later stage
-short data; `verify_cache` (`moai cache verify`) also checks the digests and lists files nobody
-recorded (`moai.cache`).
+against 50-100 ms to write them (read back from disk, as `moai cache verify` does: ~100 ms), and
+a digest of itself. Every reuse checks the manifest against that digest, that each listed file is
+there with its size, hashes the small files (up to 1 MiB: JSON, indexes, sample-index metadata)
+whole and a larger one's 16 sampled blocks (`content_problems`), so a truncated, deleted or
+overwritten file is named with its fix (`CacheError`) instead of feeding a later stage wrong
+data; `verify_cache` (`moai cache verify`) checks every byte and lists files nobody recorded
+(`moai.cache`).
 
 Faults of the machine are one line too (`CacheError`): a stage folder that cannot be created or
 written, a lock file that cannot be opened, a disk that fills during a build (the line names the
@@ -108,11 +110,12 @@ class Store:
         return (self.path(stage, key) / MANIFEST).is_file()
 
     def read(self, stage: str, key: str) -> Published:
-        """The published output of (stage, key), after checking its files are all there at their
-        recorded sizes (`CacheError` naming the folder and the fix if not)."""
+        """The published output of (stage, key), after checking its manifest against its own digest
+        and its files against the manifest: all there at their sizes, small ones hashed whole,
+        large ones by sampled blocks (`CacheError` naming the folder and the fix if not)."""
         path = self.path(stage, key)
         manifest = load_manifest(path)
-        problems = size_problems(path, manifest.get(FILES))
+        problems = size_problems(path, manifest.get(FILES)) or content_problems(path, manifest.get(FILES))
         if problems:
             raise CacheError.damaged(path, first_problem(problems))
         return Published(stage, key, path, manifest, built=False)
@@ -150,6 +153,12 @@ class Store:
                 return self._used(self.read(stage, key))
             pub = self._build_locked(stage, key, builder, manifest or {})
         finally:
+            # Removed while still held, so a finished or interrupted build leaves no lock file: a
+            # process waiting on this file gets it after the release, sees it was unlinked
+            # (filelock >= 4) and locks a new one. Only SIGKILL leaves one (harmless: the kernel
+            # freed its lock; `moai cache prune` removes it).
+            with contextlib.suppress(OSError):
+                os.unlink(lock.lock_file)
             lock.release()
         log.info("%s %s: published %s", stage, key, pub.path)
         return self._used(pub)
@@ -185,6 +194,7 @@ class Store:
                 FILES: files,
             }
             _write_json_durable(tmp / MANIFEST, full)
+            _write_durable(tmp / MANIFEST_DIGEST, manifest_digest((tmp / MANIFEST).read_bytes()).encode())
             _fsync_dir(tmp)
             os.rename(tmp, final)
             _fsync_dir(stage_dir)
@@ -291,11 +301,71 @@ def human_bytes(n: float) -> str:
 
 
 def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
-    """Every file under `folder` except its manifest: relative path -> size in bytes and xxh3-128."""
-    return {
-        rel: {"bytes": (folder / rel).stat().st_size, "xxh3_128": file_digest(folder / rel)}
-        for rel in relative_files(folder)
-    }
+    """Every file under `folder` except its manifest: relative path -> size in bytes, xxh3-128 and,
+    for a file over `SMALL_FILE_BYTES`, the digest of its sampled blocks (`sampled_digest`)."""
+    out = {}
+    for rel in relative_files(folder):
+        size = (folder / rel).stat().st_size
+        rec: dict[str, Any] = {"bytes": size, "xxh3_128": file_digest(folder / rel)}
+        if size > SMALL_FILE_BYTES:
+            rec[SAMPLED] = sampled_digest(folder / rel, size)
+        out[rel] = rec
+    return out
+
+
+# What every reuse reads: a file up to SMALL_FILE_BYTES (manifests, JSON, indexes, sample-index
+# metadata, small stores) is hashed whole; a larger one is checked by size and by the digest of
+# SAMPLE_BLOCKS blocks of SAMPLE_BLOCK_BYTES at fixed offsets (first, last, evenly spaced): 64 KiB
+# a file, whatever its size. Same-size damage inside a large file but outside its blocks is found
+# only by `moai cache verify` (every byte). The cost is measured in docs/cache.md.
+SMALL_FILE_BYTES = 1 << 20
+SAMPLE_BLOCKS = 16
+SAMPLE_BLOCK_BYTES = 4096
+SAMPLED = "xxh3_128_sampled"
+MANIFEST_DIGEST = "_manifest.xxh3"  # beside the manifest: the xxh3-128 of its bytes (none: an older moai)
+
+
+def sampled_digest(path: Path, size: int) -> str:
+    """xxh3-128 of SAMPLE_BLOCKS blocks at fixed offsets spread over the file (first and last included)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    last = max(0, size - SAMPLE_BLOCK_BYTES)
+    offsets = sorted({last * i // (SAMPLE_BLOCKS - 1) for i in range(SAMPLE_BLOCKS)})
+    with open(path, "rb") as f:
+        for offset in offsets:
+            f.seek(offset)
+            h.update(f.read(SAMPLE_BLOCK_BYTES))
+    return h.hexdigest()
+
+
+def manifest_digest(data: bytes) -> str:
+    """What MANIFEST_DIGEST holds: the xxh3-128 of the manifest's bytes. A file of its own, so no
+    same-size edit of the manifest (a renamed key included) can make it look like an older one."""
+    import xxhash
+
+    return xxhash.xxh3_128(data).hexdigest()
+
+
+def content_problems(path: Path, files: dict[str, dict[str, Any]] | None) -> list[str]:
+    """What every reuse can afford to read: small files hashed whole, large ones by their sampled
+    blocks (a manifest from an older moai without them: whole files up to SMALL_FILE_BYTES only)."""
+    problems = []
+    for rel, rec in (files or {}).items():
+        size = rec["bytes"]
+        try:
+            if size <= SMALL_FILE_BYTES:
+                same = file_digest(path / rel) == rec["xxh3_128"]
+            elif SAMPLED in rec:
+                same = sampled_digest(path / rel, size) == rec[SAMPLED]
+            else:
+                continue
+        except OSError as err:
+            problems.append(f"{rel} cannot be read ({err.strerror})")
+            continue
+        if not same:
+            problems.append(f"{rel} has changed since it was built (its bytes differ from its manifest's digest)")
+    return problems
 
 
 def file_digest(path: Path, chunk_bytes: int = 1 << 22) -> str:
@@ -309,14 +379,15 @@ def file_digest(path: Path, chunk_bytes: int = 1 << 22) -> str:
 
 
 def relative_files(folder: Path) -> list[str]:
-    """Relative POSIX paths of the files under `folder`, sorted, its top-level manifest left out."""
+    """Relative POSIX paths of the files under `folder`, sorted, its manifest and the manifest's
+    digest left out."""
     out = []
     for dirpath, _dirs, names in os.walk(folder):
         for name in names:
             full = Path(dirpath) / name
             if full.is_file():
                 out.append(full.relative_to(folder).as_posix())
-    return sorted(rel for rel in out if rel != MANIFEST)
+    return sorted(rel for rel in out if rel not in (MANIFEST, MANIFEST_DIGEST))
 
 
 def load_manifest(path: Path) -> dict[str, Any]:
@@ -331,7 +402,8 @@ def read_manifest(path: Path) -> dict[str, Any] | str:
     """The manifest, or what is wrong with it."""
     file = path / MANIFEST
     try:
-        text = file.read_text(encoding="utf-8")
+        raw = file.read_bytes()
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         return f"it has no {MANIFEST}"
     except (OSError, UnicodeDecodeError) as err:
@@ -344,6 +416,14 @@ def read_manifest(path: Path) -> dict[str, Any] | str:
         return f"its {MANIFEST} is not valid JSON ({err})"
     if not isinstance(manifest, dict):
         return f"its {MANIFEST} holds a {type(manifest).__name__}, not an object"
+    try:
+        recorded = (path / MANIFEST_DIGEST).read_text(encoding="ascii", errors="replace").strip()
+    except FileNotFoundError:
+        recorded = None  # an older moai's entry
+    except OSError as err:
+        return f"its {MANIFEST_DIGEST} cannot be read ({type(err).__name__}: {err})"
+    if recorded is not None and recorded != manifest_digest(raw):
+        return f"its {MANIFEST} has changed since it was written (it no longer matches {MANIFEST_DIGEST})"
     if not isinstance(manifest.get("report"), dict):
         return f"its {MANIFEST} has no 'report' (the stage's counts)"
     files = manifest.get(FILES)
@@ -378,6 +458,13 @@ def first_problem(problems: list[str]) -> str:
     """One line for many problems: the first, and how many more."""
     more = len(problems) - 1
     return problems[0] + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _write_json_durable(path: Path, data: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """A real one-node Slurm for tests: slurmctld, slurmd and munged started as daemons from a private
 folder, on loopback and on ports of their own, so nothing in /etc is changed and a Slurm already on
 the machine is left alone. The packages (Debian's slurmctld, slurmd, slurm-client, munge) are
-installed with apt-get when missing, which needs root; so does running slurmd. The node is this
+installed by .ci/system-deps.sh (run by .ci/run), never by a test; running slurmd needs root. The node is this
 machine, as `slurmd -C` sees it (its CPUs, 90% of its memory)."""
 
 from __future__ import annotations
@@ -42,22 +42,15 @@ def _which(tool: str) -> str | None:
 
 
 def install() -> None:
-    """apt-get install the packages when a tool is missing; a clear failure when that cannot be done."""
+    """A clear failure naming what is missing and how to install it. Tests install nothing: CI's
+    `.ci/system-deps.sh` (run by `.ci/run`) apt-gets the packages."""
     missing = [t for t in TOOLS if _which(t) is None]
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        pytest.fail(f"a real Slurm is needed and {missing} are missing: run as root (CI does) to apt-get install them")
-    if _which("apt-get") is None:
-        pytest.fail(f"a real Slurm is needed and {missing} are missing; no apt-get here to install {PACKAGES}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]):
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if out.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr[-2000:]}")
-    still = [t for t in TOOLS if _which(t) is None]
-    if still:
-        pytest.fail(f"after apt-get install {' '.join(PACKAGES)}, still missing: {still}")
+    if missing:
+        pytest.fail(
+            f"a real Slurm is needed and {', '.join(missing)} are missing: install them with"
+            f" `sudo bash .ci/system-deps.sh` (apt-get install {' '.join(PACKAGES)}), or run the fast suite:"
+            " pytest -m 'not slow'"
+        )
 
 
 def _free_port() -> int:

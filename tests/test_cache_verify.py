@@ -15,6 +15,7 @@ from moai.config import parse_config
 from moai.errors import CacheError
 from moai.formats.tokens import PackedSamples, TokenStore
 from moai.pipeline import prepare
+from moai.store import MANIFEST_DIGEST
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +168,7 @@ def test_cache_verify_reports_unreadable_and_older_manifests(cache, tmp_path):
     manifest = json.loads(older.read_text())
     del manifest["files"]
     older.write_text(json.dumps(manifest))
+    (older.parent / MANIFEST_DIGEST).unlink()  # as an older moai wrote it
     out = moai("cache", "verify", str(root), cwd=tmp_path)
     assert out.returncode == 1
     assert out.stdout.splitlines() == [
@@ -184,6 +186,7 @@ def test_prepare_refuses_a_manifest_without_report(cache):
     manifest = json.loads((folder / "_manifest.json").read_text())
     del manifest["report"]
     (folder / "_manifest.json").write_text(json.dumps(manifest))
+    (folder / MANIFEST_DIGEST).unlink()  # as an older moai would have written it
     with pytest.raises(CacheError) as err:
         prepare(parse_config(data), progress=False)
     assert str(err.value) == (
@@ -212,6 +215,7 @@ def test_cache_verify_names_a_key_folder_without_manifest_and_an_unusable_lock(c
     folder = root / "save" / keys["save"]
     (folder / "_manifest.json").unlink()
     lock = root / "pack" / f".{keys['pack']}.lock"
+    lock.touch()  # left by a builder killed with SIGKILL (a finished build removes its lock file)
     with read_only(lock):
         assert moai_main("cache", "verify", str(root)) == 1
     out = capsys.readouterr().out.splitlines()

@@ -3,6 +3,7 @@ per-stage summary, --no-progress, machine faults as one line, the README's confi
 
 import errno
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -86,6 +87,39 @@ def test_stage_table_shows_built_or_reused_rows_dropped_and_seconds():
     assert "161,699 tokens" in lines[3] and "samples train 600, validation 31" in lines[4]
 
 
+def test_stage_table_shows_mix_as_windows_to_samples_best_fit_padding_and_readable_throughput():
+    lines = stage_table(
+        {
+            "tokenize": {
+                "built": True,
+                "rows_in": 10,
+                "rows_out": 10,
+                "tokens": 900,
+                "seconds": 1.5,
+                "mb_per_s": 0.0041,
+            },
+            "save": {"built": True, "rows_in": 10, "rows_out": 10, "seconds": 0.01, "mb_per_s": 103.4},
+            "filter": {"built": True, "rows_in": 10, "rows_out": 10, "seconds": 0.2, "mb_per_s": 0.66},
+            "mix": {
+                "built": True,
+                "rows_in": 239,
+                "rows_out": 250,
+                "samples": {"train": 240, "validation": 10},
+                "padding_fraction": 0.00071,
+                "documents_split": 12,
+                "repetition": {"ko": 1.9, "en": 0.5},
+            },
+        }
+    )
+    assert lines[0].endswith("1.5s  0.0041 MB/s") and lines[1].endswith("0.0s  103 MB/s")
+    assert lines[2].endswith("0.2s  0.66 MB/s")
+    assert re.match(
+        r"mix +built +239 windows → 250 samples +samples train 240, validation 10; padding 0\.071%; "
+        r"12 documents split; repetition ko ×1\.90, en ×0\.50$",
+        lines[3],
+    ), lines[3]
+
+
 @pytest.mark.parametrize(
     "err, says",
     [
@@ -106,8 +140,12 @@ def test_other_os_errors_keep_their_traceback():
     assert environment_error(OSError(errno.EBADF, "Bad file descriptor")) is None
 
 
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
 def _readme_config() -> str:
-    readme = (ROOT / "README.md").read_text()
+    readme = _readme()
     block = re.search(r"## Your data and your tokenizer.*?```yaml\n(.*?)```", readme, flags=re.S)
     assert block, "README has no config block under 'Your data and your tokenizer'"
     return block.group(1)
@@ -139,6 +177,13 @@ def test_readme_config_prepares_as_pasted_with_a_summary_and_no_bars(tmp_path):
     summary = [line for line in out.stderr.splitlines() if re.match(r"moai: \w+ +(built|reused) ", line)]
     assert [line.split()[1] for line in summary] == ["convert", "filter", "save", "tokenizer", "tokenize", "pack"]
     assert "dropped: empty 6" in out.stderr  # the example data has 6 empty texts, counted where users see them
+
+    # stderr is the table the README shows, line for line (not the seconds), and nothing else
+    def counts(lines):
+        return [" ".join(re.sub(r"\s+[\d.]+s(\s+[\d.,]+ MB/s)?$", "", line).split()) for line in lines]
+
+    shown = re.search(r"`moai prepare my.yaml` on the example prints.*?```\n(.*?)```", _readme(), flags=re.S)
+    assert shown and counts(out.stderr.splitlines()) == counts(shown.group(1).splitlines())
 
 
 @pytest.mark.parametrize("name", ["quickstart.yaml", "instruct-jsonl.yaml"])
@@ -233,7 +278,54 @@ def test_prepare_checks_seq_len_against_the_model_in_one_line(tmp_path, corpus, 
     assert not (tmp_path / "cache" / "convert").exists()
 
 
-def test_readme_mix_block_is_the_shipped_example():
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"## Mixing sources.*?```yaml\n(.*?)```", readme, flags=re.S)
+def test_mixing_guide_block_is_the_shipped_example():
+    guide = (ROOT / "docs" / "mixing.md").read_text()
+    block = re.search(r"# Mixing sources.*?```yaml\n(.*?)```", guide, flags=re.S)
     assert block and block.group(1) == (ROOT / "examples" / "mix.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_an_unreadable_source_is_named_with_the_readable_fix_not_the_writable_one(tmp_path):
+    """A source file moai may not read: one line saying to make it readable (the cache is fine).
+    As root, permissions are checked only without the capabilities that bypass them (setpriv)."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    data = tmp_path / "examples" / "data" / "part-1.jsonl"
+    data.chmod(0)
+    prefix = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        assert setpriv, "setpriv (util-linux) is needed to drop root's permission bypass"
+        drop = "-dac_override,-dac_read_search"
+        prefix = [setpriv, "--bounding-set", drop, "--inh-caps", drop]
+    out = subprocess.run(
+        [*prefix, PYTHON, "-m", "moai.cli", "prepare", "examples/quickstart.yaml", "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=subprocess_env(),
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("moai: error: permission denied: examples/data/part-1.jsonl: moai cannot read"), line
+    assert "chmod a+r examples/data/part-1.jsonl" in line and "writable" not in line
+
+
+def test_a_smaller_vocabulary_and_an_empty_validation_split_are_warned_on_every_run(tmp_path, corpus, capsys):
+    """Built: logged as the stage runs; reused: said again after the table, as `moai: warning:`."""
+    from moai.config import parse_config
+    from moai.stages.tokenizer import vocab_warnings
+
+    data = config_dict(tmp_path, corpus, {"train": {"vocab_size": 5000}}, pack={"seq_len": 4096})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["prepare", str(cfg), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["prepare", str(cfg), "--no-progress"]) == 0  # every stage reused
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("moai: warning: ")]
+    assert len(warnings) == 2, warnings
+    assert re.match(
+        r"moai: warning: tokenizer\.train\.vocab_size 5,000 asked, [\d,]+ trained: .* min_frequency", warnings[0]
+    )
+    assert "0 validation samples and training evaluates nothing" in warnings[1]
+    assert vocab_warnings(parse_config(data).tokenizer.train, {"vocab_size": 5000, "documents": 1}) == []

@@ -85,4 +85,19 @@ def test_fast_engines_split_processes_and_threads(cores, settings, want):
 def test_detect_reads_this_machine(tmp_path):
     h = detect(tmp_path, with_gpus=False)
     assert h.cores >= 1 and h.mem_available_gb > 0 and h.disk_free_gb > 0
-    assert h.disk_type in {"ssd", "hdd", "network", "unknown"}
+    assert h.disk_type in {"ssd", "hdd", "virtual", "network", "unknown"}
+
+
+@pytest.mark.parametrize(
+    "rotational, driver, name, kind",
+    [
+        ("1", "virtio_blk", "vda", "virtual"),  # virtio says rotational 1 whatever stores it
+        ("1", "", "xvda", "virtual"),
+        ("1", "sd", "sda", "hdd"),
+        ("0", "nvme", "nvme0n1", "ssd"),
+    ],
+)
+def test_a_virtual_disk_is_not_called_hdd(rotational, driver, name, kind):
+    from moai.hardware import disk_kind
+
+    assert disk_kind(rotational, driver, name) == kind

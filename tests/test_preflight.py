@@ -229,3 +229,69 @@ def test_cleaning_mistakes_fail_before_any_stage(tmp_path, corpus, capsys):
         in out.out
     )
     assert "pass  language        keep ko, en at score ≥ 0.65" in out.out
+
+
+@pytest.mark.parametrize("content", [None, "{not json"])
+def test_plan_and_prepare_check_the_tokenizer_folder_before_any_stage(tmp_path, corpus, capsys, content):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text("{}")
+    if content is not None:
+        (folder / "tokenizer.json").write_text(content)
+    cfg = write_config(tmp_path, corpus, tokenizer={"path": str(folder)})
+    code, out, _ = plan_cli(cfg, capsys)
+    assert code == 2
+    (line,) = out.err.strip().splitlines()
+    says = "has no tokenizer.json" if content is None else "cannot be loaded by `tokenizers`"
+    assert line.startswith(f"moai: error: tokenizer.path {str(folder)!r}") and says in line, line
+    assert main(["prepare", cfg, "--no-progress"]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "cache" / "convert").exists()  # nothing ran
+
+
+def test_independent_mistakes_are_reported_together_one_line_each(tmp_path, corpus, capsys):
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps(LLAMA))
+    cfg = write_config(
+        tmp_path,
+        corpus,
+        tokenizer={"path": str(tmp_path / "no-such-tokenizer")},
+        pack={"seq_len": 512},
+        train={"model_config": str(model)},
+    )
+    code, out, _ = plan_cli(cfg, capsys)
+    assert code == 2
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("moai: error: ") for line in lines), lines
+    assert "tokenizer.path" in lines[0] and "pack.seq_len 512 is above" in lines[1]
+
+
+def test_a_finished_or_foreign_output_dir_fails_together_with_the_other_checks(tmp_path):
+    foreign = preflight.Check("train.output_dir", "fail", "made with other settings", error=ConfigError("other run"))
+    checks = preflight.evaluate(facts(tmp_path, model_config={**LLAMA, "max_position_embeddings": 32}, resume=foreign))
+    with pytest.raises(preflight.Mistakes) as err:
+        preflight.first_failure(checks)
+    assert str(err.value).splitlines() == [
+        str(next(c.error for c in checks if c.name == "pack.seq_len")),
+        "other run",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["quickstart.yaml", "mix.yaml"])
+def test_the_validation_estimate_is_within_20_percent_on_the_examples(tmp_path, monkeypatch, example):
+    """Bytes per token measured with the tokenizer on a sample of each source, not assumed."""
+    import re
+    import shutil
+
+    from conftest import ROOT
+    from moai.pipeline import prepare
+    from moai.presets import resolve_config
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    config = resolve_config(f"examples/{example}")
+    (check,) = [c for c in preflight.run(config, train=False) if c.name == "validation"]
+    estimated = int(re.match(r"~(\d+) validation sample", check.detail).group(1))
+    real = prepare(config, progress=False)["num_samples"]["validation"]
+    assert abs(estimated - real) <= 0.2 * real, (estimated, real)

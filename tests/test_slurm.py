@@ -1,6 +1,6 @@
 """The Slurm templates: first with stand-ins for sbatch/srun/scontrol/squeue (the commands they submit,
 and the array tasks and the merge really running moai on a small config), then on a real one-node
-Slurm (tests/slurm_cluster.py): the array and its merge as the README submits them, a failed shard
+Slurm (tests/slurm_cluster.py): the array and its merge as docs/slurm.md submits them, a failed shard
 recovered with the one documented command, and a few training steps on a node without GPUs."""
 
 import json
@@ -219,9 +219,9 @@ def test_train_cli_overrides_are_validated(tmp_path):
 
 
 def readme_commands(cfg: Path) -> dict[str, tuple[dict[str, str], list[str]]]:
-    """The commands of the README's Slurm section (`submit`, `retry`, `train`), each as its environment
+    """The commands of docs/slurm.md (`submit`, `retry`, `train`), each as its environment
     assignments and its words, for `cfg` in place of my.yaml and with the templates' absolute paths."""
-    section = (ROOT / "README.md").read_text().split("\n### Slurm\n", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "slurm.md").read_text()
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     commands = {}
     for line in block.splitlines():
@@ -298,7 +298,7 @@ def test_real_slurm_tokenize_array_then_merge(slurm, sharded, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(dict(data, cache_dir=str(tmp_path / "cache"))))
     env = slurm_env(slurm)
-    # The README's command (4 shards; 1 CPU a task, so two run at once on 2 CPUs).
+    # docs/slurm.md's command (4 shards; 1 CPU a task, so two run at once on 2 CPUs).
     _, command = readme_commands(cfg)["submit"]
     array, merge = submitted(subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path))
     jobs = slurm.wait(array, merge)
@@ -343,7 +343,7 @@ def test_real_slurm_failed_shard_is_recovered_with_one_command(slurm, sharded, t
         time.sleep(0.3)
     log = (tmp_path / f"moai-tokenize-{array}_2.out").read_text()
     command = shlex.split(log.strip().splitlines()[-1])
-    assert command == commands["retry"][1], log  # the README's recovery command
+    assert command == commands["retry"][1], log  # docs/slurm.md's recovery command
     broken.unlink()  # the cause is fixed
     # at once, with other tasks of the array perhaps still queued or running
     retry, new_merge = submitted(subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path))
@@ -370,7 +370,7 @@ def test_real_slurm_train_on_a_node_without_gpus(slurm, tmp_path, corpus, tokeni
     train |= {"log_every": 1, "save_every": 4, "eval_batches": 2, "tracker": "none"}
     cfg = tmp_path / "t.yaml"
     cfg.write_text(yaml.safe_dump(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}, train=train)))
-    # The README's command for one node without GPUs.
+    # docs/slurm.md's command for one node without GPUs.
     extra, command = readme_commands(cfg)["train"]
     assert extra == {"GPUS_PER_NODE": "0"}
     (job,) = submitted(

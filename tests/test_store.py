@@ -11,7 +11,7 @@ import pytest
 from conftest import read_only
 from moai.cache import verify_cache
 from moai.errors import CacheError
-from moai.store import MANIFEST, Store, fingerprint_files, stage_key
+from moai.store import MANIFEST, MANIFEST_DIGEST, Store, fingerprint_files, stage_key
 
 
 def test_keys_are_stable_and_change_with_each_input():
@@ -64,7 +64,7 @@ def test_failing_builder_leaves_nothing(tmp_path):
     with pytest.raises(ValueError, match="bad row"):
         store.build("stage", "k", boom)
     assert not store.exists("stage", "k")
-    assert [p.name for p in (tmp_path / "stage").iterdir() if not p.name.endswith(".lock")] == []
+    assert [p.name for p in (tmp_path / "stage").iterdir()] == []  # no lock file either
 
 
 def test_leftover_of_a_dead_builder_is_removed(tmp_path):
@@ -143,13 +143,14 @@ def test_reuse_of_a_damaged_entry_names_the_folder_and_the_fix(tmp_path, damage,
     assert _publish(store).built
 
 
-def test_reuse_checks_sizes_only(tmp_path):
-    """Reuse stays O(files): same-size damage is for `verify_cache`, which reads every byte."""
+def test_reuse_hashes_small_files_so_same_size_damage_is_refused(tmp_path):
+    """Same-size damage to a small file is caught on reuse (tests/test_reuse_checks.py: every kind)."""
     store = Store(tmp_path)
     pub = _publish(store)
     part = pub.path / "sub" / "part.bin"
     part.write_bytes(b"\xff" + part.read_bytes()[1:])
-    assert not store.read("stage", "k").built
+    with pytest.raises(CacheError, match=r"sub/part\.bin has changed since it was built"):
+        store.read("stage", "k")
     assert [c.status for c in verify_cache(tmp_path)] == ["damaged"]
 
 
@@ -159,6 +160,7 @@ def test_an_older_manifest_without_file_list_is_reused(tmp_path):
     manifest = json.loads((pub.path / MANIFEST).read_text())
     del manifest["files"]
     (pub.path / MANIFEST).write_text(json.dumps(manifest))
+    (pub.path / MANIFEST_DIGEST).unlink()  # as an older moai wrote it: no digest of the manifest
     assert store.read("stage", "k").manifest["key"] == "k"
     assert [c.status for c in verify_cache(tmp_path)] == ["unverifiable"]
 
@@ -207,6 +209,7 @@ def test_a_manifest_without_report_is_a_cache_error_on_reuse_and_in_verify(tmp_p
     manifest = json.loads((pub.path / MANIFEST).read_text())
     del manifest["report"]
     (pub.path / MANIFEST).write_text(json.dumps(manifest))
+    (pub.path / MANIFEST_DIGEST).unlink()  # as an older moai wrote it: no digest of the manifest
     expected = (
         f"cache entry {pub.path} is damaged: its _manifest.json has no 'report' (the stage's counts); "
         f"remove the folder (rm -rf {pub.path}) and rerun: it will be rebuilt"
@@ -301,7 +304,7 @@ def test_a_disk_full_during_a_build_is_one_line_and_leaves_nothing(tmp_path, rai
         r"published \(the partial build is removed\): free space or set cache_dir to a larger disk, then rerun",
         str(err.value),
     ), err.value
-    assert [p.name for p in (tmp_path / "tokenize").iterdir()] == [f".{KEY}.lock"]
+    assert [p.name for p in (tmp_path / "tokenize").iterdir()] == []  # not even the lock file
 
 
 @pytest.fixture
@@ -335,7 +338,7 @@ def test_a_really_full_disk_is_one_line_and_the_space_comes_back(small_disk):
         r": 1\.0 MB written so far, 0 B free; nothing was published",
     ):
         Store(small_disk / "cache").build("pack", KEY, builder)
-    assert [p.name for p in (small_disk / "cache" / "pack").iterdir()] == [f".{KEY}.lock"]
+    assert [p.name for p in (small_disk / "cache" / "pack").iterdir()] == []
     assert Store(small_disk / "cache").build("pack", KEY, _fill(1000, lambda: None)).built  # room again
 
 

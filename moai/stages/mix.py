@@ -364,5 +364,16 @@ def mix(
         "total_tokens": total,
         "total_from": total_from,
         "sources": rows,
+        **(_best_fit_totals(packed, seq_len) if best else {}),
         "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _best_fit_totals(packed: list[dict[str, Any]], seq_len: int) -> dict[str, Any]:
+    """The sources' best-fit rows together: padding fraction and documents split (the train splits)."""
+    slots = sum(p["rows"] for p in packed) * seq_len
+    padding = sum(p["padding_tokens"] for p in packed)
+    return {
+        "padding_fraction": round(padding / slots, 6) if slots else 0.0,
+        "documents_split": sum(p["documents_split"] for p in packed),
     }

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from moai.formats.text import MappedTable, text_bytes
 from moai.report import timing
 from moai.stages.chain import before, on
 from moai.store import Store
+from moai.workers import spawn_pool
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
         log.info("signatures: %d of %d parts to compute in %d process(es)", len(todo), len(ranges), max(1, num_proc))
     args = [(str(store.root), ctx.key, i, str(text_dir), lo, hi, cfg.exact, mh) for i, (lo, hi) in todo]
     if num_proc > 1:
-        with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn")) as pool:
+        with spawn_pool(num_proc) as pool:
             futures = [pool.submit(_publish_part, *a) for a in args]
             for done, f in enumerate(futures, 1):
                 f.result()

@@ -60,10 +60,28 @@ def build(ctx, out: Path) -> dict[str, Any]:
     if ctx.config.sources is not None:
         saved = ctx.per_source("save")
         weights = {s.name: s.weight for s in ctx.config.sources}
-        return train_tokenizer_mixed(
+        report = train_tokenizer_mixed(
             tcfg.train, {n: (saved[n], w) for n, w in weights.items()}, out, batch_size=ctx.plan.batch_size.value
         )
-    return train_tokenizer(tcfg.train, ctx.path("save"), out, batch_size=ctx.plan.batch_size.value)
+    else:
+        report = train_tokenizer(tcfg.train, ctx.path("save"), out, batch_size=ctx.plan.batch_size.value)
+    warnings = vocab_warnings(tcfg.train, report)
+    for w in warnings:
+        log.warning(w)
+    return {**report, "warnings": warnings}
+
+
+def vocab_warnings(cfg: TokenizerTrainConfig, report: dict[str, Any]) -> list[str]:
+    """A vocabulary smaller than asked: BPE stops when no pair of tokens occurs min_frequency times."""
+    got = report["vocab_size"]
+    if got >= cfg.vocab_size:
+        return []
+    return [
+        f"tokenizer.train.vocab_size {cfg.vocab_size:,} asked, {got:,} trained: the {report['documents']:,} "
+        f"training documents have no more pairs of tokens occurring tokenizer.train.min_frequency "
+        f"({cfg.min_frequency}) times or more to merge; train on more text (tokenizer.train.max_documents, more "
+        "data), lower min_frequency, or ask for the vocabulary you got"
+    ]
 
 
 def info_of(config: PipelineConfig, published: Path | str, key: str) -> TokenizerInfo:
@@ -124,23 +142,37 @@ class TokenizerInfo:
     trust_remote_code: bool = False  # how that folder must be loaded (tokenizer.trust_remote_code)
 
 
+def check_folder(name_or_path: str, path: Path, load: bool = True) -> None:
+    """A local tokenizer folder holds a tokenizer.json (that the Rust `tokenizers` library loads,
+    with `load`): a `TokenizerError` naming the folder and the fix otherwise. Cheap (no transformers)."""
+    if not path.is_dir():
+        raise TokenizerError(f"tokenizer.path {name_or_path!r} is a file; give the folder that holds tokenizer.json")
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        present = sorted(p.name for p in path.iterdir())
+        raise TokenizerError(
+            f"tokenizer.path {name_or_path!r} has no tokenizer.json (files: {present}). moai needs a fast "
+            "tokenizer: convert a slow one with AutoTokenizer.from_pretrained(path).save_pretrained(path) "
+            "where `tokenizers` can convert it, or use tokenizer.train to train one."
+        )
+    if load:
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(file))
+        except Exception as err:  # the Rust library's parse errors: a damaged or foreign file
+            raise TokenizerError(
+                f"tokenizer.path {name_or_path!r}: {file} cannot be loaded by `tokenizers` ({err}); "
+                "give a folder saved by save_pretrained (or tokenizer.train to train one)"
+            ) from None
+
+
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """Load a transformers fast tokenizer from a folder (or the hub) with clear errors; a missing
     folder or an unreachable hub name is a `ConfigError` within seconds (`moai.hub.resolve`)."""
     where = hub.resolve("tokenizer.path", name_or_path)
-    path = where.path
-    if path is not None:
-        if not path.is_dir():
-            raise TokenizerError(
-                f"tokenizer.path {name_or_path!r} is a file; give the folder that holds tokenizer.json"
-            )
-        if not (path / "tokenizer.json").is_file():
-            present = sorted(p.name for p in path.iterdir())
-            raise TokenizerError(
-                f"tokenizer.path {name_or_path!r} has no tokenizer.json (files: {present}). moai needs a fast "
-                "tokenizer: convert a slow one with AutoTokenizer.from_pretrained(path).save_pretrained(path) "
-                "where `tokenizers` can convert it, or use tokenizer.train to train one."
-            )
+    if where.path is not None:
+        check_folder(name_or_path, where.path, load=False)  # transformers loads it below
     if trust_remote_code:
         log.warning("tokenizer.trust_remote_code is on: loading %s may run code from it", name_or_path)
     from transformers import AutoTokenizer

@@ -123,7 +123,7 @@ class PackedDataset:
         ids = torch.from_numpy(s["input_ids"])
         labels = ids.clone()
         if "loss_mask" in s:  # best-fit padding, a chat store's prompt tokens: no loss
-            labels[torch.from_numpy(s["loss_mask"]) == 0] = -100
+            labels[torch.from_numpy(s["loss_mask"] == 0)] = -100  # a new array: the mask itself is a read-only map
         return {"input_ids": ids, "position_ids": torch.from_numpy(s["position_ids"]), "labels": labels}
 
     @staticmethod

@@ -148,7 +148,7 @@ def train(job: ResolvedRun) -> dict[str, Any]:
 def tune_flex_attention() -> None:
     """Have inductor time flex_attention's kernel configurations (block sizes, warps, stages) when it
     compiles them, instead of taking its one default per GPU, with the matrix products left on
-    cuBLAS (no Triton GEMM search). On one H100 with the README's 1.1B Llama (benchmarks/train_mfu.py):
+    cuBLAS (no Triton GEMM search). On one H100 with docs/performance.md's 1.1B Llama (benchmarks/train_mfu.py):
     the forward kernel 1.54 -> 1.07 ms and the backward 3.39 -> 3.05 ms a layer, tokens/s +3.1%; the
     first step of a run on a fresh machine takes about a minute more (91 -> 152 s; the choices are
     cached with the compiled kernels). Not when the user set TORCHINDUCTOR_MAX_AUTOTUNE either way
@@ -216,7 +216,7 @@ def optimizer_step(run: Run, batches, window: Throughput):
     device before the first forward, and one scalar all-reduce. No host sync: the copies are
     asynchronous (pinned memory) and the labels are counted on the device (a count made on the host
     and copied with torch.tensor(..., device=) waits for the GPU to finish the previous step, and
-    the GPU then idles while the host launches the next: on one H100 with the README's 1.1B Llama,
+    the GPU then idles while the host launches the next: on one H100 with docs/performance.md's 1.1B Llama,
     3.4 ms of GPU idle a step, 9.2 -> 5.7 ms, measured by benchmarks/train_mfu.py)."""
     import torch
 

@@ -14,7 +14,7 @@ divided by `num_items_in_batch` (or the label count) as transformers' `ForCausal
 Only for models whose logits are `lm_head(hidden)` and nothing more (`FUSABLE`); the fused model's
 `.logits` are the final hidden states, so it is for training and loss evaluation only.
 
-Measured on one H100 (README's 1.1B Llama, micro batch 16 x 2048, compiled; benchmarks/train_mfu.py):
+Measured on one H100 (docs/performance.md's 1.1B Llama, micro batch 16 x 2048, compiled; benchmarks/train_mfu.py):
 peak memory 65.9 -> 61.8 GiB, tokens/s +0.2% (inductor already fused most of the old loss).
 """
 

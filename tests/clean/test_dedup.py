@@ -292,8 +292,8 @@ def test_tokenize_units_compute_the_signatures_first(tmp_path, tokenizer_dir, mo
 
 
 @pytest.mark.slow
-def test_the_cleaning_example_prints_what_the_readme_shows(tmp_path):
-    """examples/clean.yaml from a copy of the examples: the README's lines for the cleaning stages
+def test_the_cleaning_example_prints_what_its_guide_shows(tmp_path):
+    """examples/clean.yaml from a copy of the examples: docs/cleaning.md's lines for the cleaning stages
     (rows in → out and dropped by reason; not the seconds)."""
     import re
     import shutil
@@ -309,8 +309,8 @@ def test_the_cleaning_example_prints_what_the_readme_shows(tmp_path):
 
     stages = ("signatures", "dedup", "quality", "language", "decontaminate")
     printed = [line for line in out.stderr.splitlines() if line.split()[1:2] and line.split()[1] in stages]
-    readme = (ROOT / "README.md").read_text()
-    shown = [line for line in readme.splitlines() if re.match(rf"moai: ({'|'.join(stages)}) +built", line)]
+    guide = (ROOT / "docs" / "cleaning.md").read_text()
+    shown = [line for line in guide.splitlines() if re.match(rf"moai: ({'|'.join(stages)}) +built", line)]
     assert len(shown) == 5 and counts(printed) == counts(shown)
 
 

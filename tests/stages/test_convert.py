@@ -90,6 +90,22 @@ def test_missing_text_field_lists_fields(tmp_path):
         run(src(p), tmp_path)
 
 
+def test_a_text_field_missing_from_the_first_rows_names_the_setting_never_the_skip_hint(tmp_path):
+    f = write_jsonl(tmp_path / "m.jsonl", [{"content": "x", "id": 1}, {"content": "y", "id": 2}])
+    with pytest.raises(DataError) as err:
+        run(src(f), tmp_path)
+    assert "fields here: ['content', 'id']: set source.text_field to the field that holds the text" in str(err.value)
+    assert "on_bad_rows" not in str(err.value)
+    with pytest.raises(DataError) as err:  # skipping every row gives nothing: the setting is still the fix
+        run(src(f, on_bad_rows="skip"), tmp_path)
+    assert "none of its 2 rows has the field" in str(err.value) and "set source.text_field" in str(err.value)
+    assert "['content', 'id']" in str(err.value)
+    # a row missing it after good rows is a bad row: skipping it is a fix
+    f = write_jsonl(tmp_path / "m.jsonl", [{"text": "a"}, {"content": "y"}])
+    with pytest.raises(DataError, match=r"m\.jsonl:2: no field 'text'.*set source\.on_bad_rows: skip"):
+        run(src(f), tmp_path)
+
+
 def test_missing_field_rows_can_be_skipped(tmp_path):
     f = write_jsonl(tmp_path / "m.jsonl", [{"text": "a"}, {"body": "b"}, {"text": None}])
     report, texts = run(src(f, on_bad_rows="skip"), tmp_path)

@@ -108,7 +108,12 @@ def _chat_text(row: dict[str, Any], field: str, rows: Rows, where: str) -> str |
     """A chat row's messages as JSON (what tokenize renders with the chat template), or a bad row:
     no such field, not a non-empty list, or a message without a role and text content."""
     if field not in row:
-        rows.bad("missing_field", where, f"no field {field!r} (source.messages_field); fields here: {sorted(row)}")
+        rows.bad(
+            "missing_field",
+            where,
+            f"no field {field!r} (source.messages_field); fields here: {sorted(row)}",
+            "set source.messages_field to the field that holds the messages",
+        )
         return None
     messages = row[field]
     if not isinstance(messages, list) or not messages:
@@ -125,7 +130,12 @@ def _chat_text(row: dict[str, Any], field: str, rows: Rows, where: str) -> str |
 
 def _field_text(row: dict[str, Any], field: str, rows: Rows, where: str) -> str | None:
     if field not in row:
-        rows.bad("missing_field", where, f"no field {field!r} (source.text_field); fields here: {sorted(row)}")
+        rows.bad(
+            "missing_field",
+            where,
+            f"no field {field!r} (source.text_field); fields here: {sorted(row)}",
+            "set source.text_field to the field that holds the text (or source.text_template to join several)",
+        )
         return None
     value = row[field]
     if value is None:  # no text: an empty row, which the filter drops and counts as empty
@@ -204,7 +214,12 @@ def _template_text(row: dict[str, Any], template: str, rows: Rows, where: str) -
     fields = template_fields(template)
     missing = [f for f in fields if f not in row]
     if missing:
-        rows.bad("missing_field", where, f"source.text_template needs {missing} but the row has only {sorted(row)}")
+        rows.bad(
+            "missing_field",
+            where,
+            f"source.text_template needs {missing} but the row has only {sorted(row)}",
+            "set source.text_template to use the fields the rows have",
+        )
         return None
     if all(_formattable(row[f]) for f in fields):  # the common case, at the speed of str.format
         return template.format_map({k: ("" if v is None else v) for k, v in row.items()})
@@ -260,6 +275,7 @@ def convert(
             text = _text_of(row, source, rows, where)
             if text is None or not _unicode(text, row, source, rows, where):
                 continue
+            rows.kept += 1
             buf.append(text)
             if len(buf) >= writer_batch_size:
                 yield buf
@@ -295,6 +311,11 @@ def _no_documents(source: SourceConfig, rows: Rows, read: list[FileRead]) -> str
         what = f"source.path {source.path!r} ({len(read)} files)"
     if rows.rows_in:  # with on_bad_rows: error the first bad row would have stopped convert
         counts = ", ".join(f"{reason}: {n}" for reason, n in rows.dropped.most_common())
+        if rows.setting_fix is not None and rows.dropped["missing_field"] == rows.rows_in:
+            return (
+                f"convert: {what} gave 0 documents: none of its {rows.rows_in} rows has the field the config "
+                f"names; the first, {rows.setting_fix}"
+            )
         return (
             f"convert: {what} gave 0 documents: every one of its {rows.rows_in} rows was bad and skipped "
             f"by source.on_bad_rows: skip ({counts}); fix the data or source.text_field/text_template "

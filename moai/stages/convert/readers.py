@@ -78,6 +78,9 @@ def load_hub(name: str, subset: str | None, split: str, trust_remote_code: bool)
         ) from err
 
 
+COLUMN_FIX = "set source.text_field (or source.text_template, or source.messages_field) to the columns that hold it"
+
+
 class Rows:
     """Counts and routes bad rows: raise naming the place, or skip and count the reason."""
 
@@ -85,13 +88,21 @@ class Rows:
         self.source = source
         self.dropped: Counter[str] = Counter()
         self.rows_in = 0
+        self.kept = 0  # rows that gave a text so far
+        self.setting_fix: str | None = None  # the setting to change when every row is bad the same way
 
-    def bad(self, reason: str, where: str, detail: str) -> None:
+    def bad(self, reason: str, where: str, detail: str, setting_fix: str | None = None) -> None:
+        """`setting_fix`: what to set when the config, not the row, is wrong (a field no row has).
+        Before any row gave a text it is the fix; skipping would skip every row."""
+        if setting_fix is not None and self.kept == 0 and self.setting_fix is None:
+            self.setting_fix = f"{where}: {detail}: {setting_fix}"
         if self.source.on_bad_rows == "skip":
             self.dropped[reason] += 1
             if self.dropped[reason] <= 3:
                 log.warning("skipping %s: %s (%s)", where, reason, detail)
             return
+        if setting_fix is not None and self.kept == 0:
+            raise DataError(f"{where}: {detail}: {setting_fix}")
         raise DataError(f"{where}: {detail} (set source.on_bad_rows: skip to skip and count such rows)")
 
 
@@ -186,7 +197,7 @@ def _arrow_batches(path: Path, data: Path | BinaryIO, kind: str, columns: list[s
 def _check_columns(path: Path, names: list[str], needed: list[str] | None) -> None:
     missing = [c for c in needed or [] if c not in names]
     if missing:
-        raise DataError(f"{path}: no column(s) {missing}; columns here: {names}")
+        raise DataError(f"{path}: no column(s) {missing}; columns here: {names}; {COLUMN_FIX}")
 
 
 def needed_fields(source: SourceConfig) -> list[str]:
@@ -298,7 +309,7 @@ def hub_rows(source: SourceConfig, rows: Rows, batch_size: int) -> Iterator[tupl
     ds = load_hub(source.hub, source.subset, source.split, source.trust_remote_code)
     missing = [c for c in needed_fields(source) if c not in ds.column_names]
     if missing:
-        raise DataError(f"hub dataset {source.hub!r}: no column(s) {missing}; columns: {ds.column_names}")
+        raise DataError(f"hub dataset {source.hub!r}: no column(s) {missing}; columns: {ds.column_names}; {COLUMN_FIX}")
     i = 0
     for batch in ds.iter(batch_size=batch_size):
         keys = list(batch)

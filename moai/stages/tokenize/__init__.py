@@ -38,7 +38,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +78,7 @@ from moai.stages.tokenize.parts import (
     write_store_meta,
 )
 from moai.stages.tokenizer import TokenizerInfo, info_of
+from moai.workers import spawn_pool
 
 if TYPE_CHECKING:  # a worker imports this package: it needs no pydantic
     from moai.config import PipelineConfig
@@ -226,12 +226,7 @@ def engines_fast_possible(engine: str) -> bool:
 
 
 def _start_pool(stack: contextlib.ExitStack, num_proc: int, threads: int) -> ProcessPoolExecutor:
-    pool = stack.enter_context(
-        ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=preload_worker, initargs=(threads,))
-    )
-    for _ in range(num_proc):
-        pool.submit(int)  # a spawn pool starts a process per task while none is idle
-    return pool
+    return stack.enter_context(spawn_pool(num_proc, preload_worker, (threads,)))
 
 
 def _encode_all(

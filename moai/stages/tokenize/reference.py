@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from moai.errors import TokenizerError
 from moai.stages.tokenize import engines
+from moai.workers import interrupts_left_to_parent
 
 if TYPE_CHECKING:
     from moai.config import PipelineConfig
@@ -70,7 +71,8 @@ class Reference:
         ctx = get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, str(folder)), daemon=True, name="moai-reference")
-        self.process.start()
+        with interrupts_left_to_parent():  # Ctrl-C: one line from the parent, which kills this process
+            self.process.start()
         child.close()
         self._info: Any = None
         self._lock = threading.Lock()  # one request on the pipe at a time (the prebuild thread asks too)

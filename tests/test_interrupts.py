@@ -1,0 +1,113 @@
+"""Ctrl-C (SIGINT to the whole process group) and SIGTERM (to the main process) at many moments
+of a real `moai prepare` with tokenize worker processes, their start-up included: one line on
+stderr, exit 130 / 143, no process of the run left, no lock file or temporary folder left, and a
+rerun finishes."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import PYTHON, config_dict, make_texts, subprocess_env, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def run_config(tmp_path_factory, tokenizer_dir) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("interrupts")
+    data = write_jsonl(root / "data.jsonl", [{"text": t} for t in make_texts(40_000, seed=3)])
+    # 2 tokenize processes; a validation split large enough for a sample (no warning line)
+    cfg = config_dict(root, data, {"path": str(tokenizer_dir)}, tokenize={"num_proc": 2})
+    path = root / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, root / "cache"
+
+
+def _group(pgid: int) -> list[int]:
+    """Every process still alive in the process group `pgid` (the run's session)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def _tokenize_started(cache: Path) -> bool:
+    return (cache / "tokenize").is_dir() and any(p.name.startswith(".tmp-") for p in (cache / "tokenize").iterdir())
+
+
+# (signal, sent to the whole group like Ctrl-C, when: "start" = seconds after launch, "tokenize" =
+# seconds after tokenize's build folder appears, while its workers start and encode)
+MOMENTS = [
+    (signal.SIGINT, True, "start", 0.5),
+    (signal.SIGTERM, False, "start", 1.5),
+    (signal.SIGINT, True, "tokenize", 0.0),
+    (signal.SIGINT, True, "tokenize", 0.15),
+    (signal.SIGTERM, False, "tokenize", 0.3),
+    (signal.SIGINT, True, "tokenize", 0.6),
+    (signal.SIGTERM, False, "tokenize", 1.0),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, whole_group, after, delay", MOMENTS)
+def test_an_interrupt_at_any_moment_is_one_line_and_leaves_no_process_or_lock(
+    run_config, sig, whole_group, after, delay
+):
+    cfg, cache = run_config
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "moai.cli", "prepare", str(cfg), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        cwd=cfg.parent,
+        start_new_session=True,  # its own group: a Ctrl-C reaches it and its workers only
+    )
+    try:
+        if after == "tokenize":
+            deadline = time.monotonic() + 120
+            while not _tokenize_started(cache):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.01)
+        time.sleep(delay)
+        assert proc.poll() is None, "the run ended before the interrupt: move the moment earlier"
+        (os.killpg if whole_group else os.kill)(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+        gone = time.monotonic()
+        while _group(proc.pid) and time.monotonic() < gone + 0.5:
+            time.sleep(0.02)
+        assert _group(proc.pid) == [], "worker processes outlived the run"
+    finally:
+        if _group(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + sig, err
+    assert err.splitlines() == [
+        f"moai: interrupted ({sig.name}); nothing half-written is kept: rerun the same command to continue"
+    ], err
+    left = [p for p in cache.rglob(".*") if p.name.endswith(".lock") or p.name.startswith(".tmp-")]
+    assert left == [], left
+
+
+@pytest.mark.slow
+def test_a_rerun_after_the_interrupts_finishes(run_config):
+    cfg, cache = run_config
+    out = subprocess.run(
+        [PYTHON, "-m", "moai.cli", "prepare", str(cfg), "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=cfg.parent,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert [p for p in cache.rglob(".*") if p.name.endswith(".lock") or p.name.startswith(".tmp-")] == []
