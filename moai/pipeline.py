@@ -358,7 +358,7 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
             name: {"key": r.key, "built": r.built}
             | {
                 k: r.report[k]
-                for k in ("rows_in", "rows_out", "dropped", "tokens", "samples", "seconds", "mb_per_s")
+                for k in ("rows_in", "rows_out", "dropped", "counts", "tokens", "samples", "seconds", "mb_per_s")
                 if k in r.report
             }
             for name, r in results.items()

@@ -86,6 +86,12 @@ def test_stage_table_shows_built_or_reused_rows_dropped_and_seconds():
     assert "161,699 tokens" in lines[3] and "samples train 600, validation 31" in lines[4]
 
 
+def test_stage_table_shows_code_kept_without_being_judged():
+    quality = {"built": True, "rows_in": 900, "rows_out": 850, "dropped": {"gopher:word_count": 50}}
+    lines = stage_table({"quality": quality | {"counts": {"code_exempt": 1234}, "seconds": 0.5}})
+    assert re.match(r"quality +built +900 → 850 +dropped: gopher:word_count 50; code_exempt 1,234 +0\.5s$", lines[0])
+
+
 @pytest.mark.parametrize(
     "err, says",
     [
