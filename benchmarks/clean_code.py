@@ -122,7 +122,7 @@ def main() -> None:
     for name, setup in SETUPS.items():
         r = measure(corpus, clean_corpus.CODE_KINDS, args.out_dir / "cache", setup)
         results[name] = r
-        exempt = ", ".join(f"{s} {n:,}" for s, n in r["code_exempt"].items())
+        exempt = ", ".join(f"{s} {n:,}" for s, n in r["code_exempt"].items() if n is not None) or "-"
         print(
             f"| {name} | {r['code_kept']:.2%} of {r['code_documents']:,} | {r['instruct_kept']:.2%} "
             f"| {r['prose_kept']:.2%} | {r['low_dropped']:.2%} | {r['other_dropped']:.2%} | {exempt} "

@@ -6,7 +6,9 @@ true word 5-gram Jaccard recorded) and evaluation items planted in documents. Th
 exact copy dropped as `exact_duplicate` naming its original; near copies at Jaccard ≥ 0.8 found
 with recall ≥ 0.9 and precision ≥ 0.95 (a drop is right when it is a planted near copy at ≥ 0.8,
 or when the row its detail names is kept and is ≥ 0.8 similar); every planted item caught; the
-stage reports count what the dropped rows say. Then: `kill -9` of `moai prepare` during
+stage reports count what the dropped rows say. On Korean, English and code (`--mix code`,
+instruction + Python solution records): code kept by the quality and language stages, low-quality
+pages and other languages still dropped, and items planted in code caught. Then: `kill -9` of `moai prepare` during
 signatures and during dedup, and a rerun gives the keys and rows of an uninterrupted run.
 """
 
@@ -238,3 +240,55 @@ def test_a_rerun_after_kill_9_gives_the_output_of_an_uninterrupted_run(tmp_path,
         assert rerun[stage].report["dropped"] == ref[stage].report["dropped"]
     leftovers = list(cache.rglob(".tmp-*"))
     assert not leftovers, leftovers
+
+
+# --- Korean, English and code: instruction + solution records (issue 24) ---------------------------
+
+CODE_SETUPS = {
+    "quality": {"quality": {"rules": ["gopher", "c4", "fineweb"]}},
+    "language": {"language": {"keep": ["ko", "en"], "min_score": 0.65}},
+    "all": {"quality": {"rules": ["gopher", "c4", "fineweb"]}, "language": {"keep": ["ko", "en"]}},
+}
+
+
+def test_code_is_kept_by_quality_and_language_and_items_planted_in_it_are_caught(tmp_path, tokenizer_dir):
+    corpus = clean_corpus.generate(tmp_path / "corpus", 1500, seed=21, mix="code")
+    docs, texts = corpus.docs, corpus.texts
+    kind_of = {t: d["kind"] for t, d in zip(texts, docs, strict=True)}
+    total = Counter(d["kind"] for d in docs)
+    code = sum(total[k] for k in clean_corpus.CODE_KINDS)
+    assert total["instruct"] >= 400 and total["planted_code"] >= 25 and total["low"] >= 80 and total["other"] >= 80
+    for name, extra in CODE_SETUPS.items():
+        cfg = config(corpus, tmp_path / "cache", tokenizer_dir, dedup=None, **extra)
+        if name != "all":
+            cfg.pop("decontaminate")
+        res = pipeline.walk(parse_config(cfg), until="decontaminate" if name == "all" else name)
+        stages = [s for s in ("quality", "language") if s in extra]
+        survived = Counter(kind_of[t] for t in kept(res[stages[-1]]))
+        assert sum(survived[k] for k in clean_corpus.CODE_KINDS) >= 0.98 * code, (name, survived)
+        if "quality" in extra:
+            assert survived["low"] <= 0.1 * total["low"], (name, survived)
+        if "language" in extra:
+            assert survived["other"] <= 0.1 * total["other"], (name, survived)
+        for stage in stages:  # every code document is counted as exempted (none of the prose is code)
+            exempt = res[stage].report["counts"]["code_exempt"]
+            assert code <= exempt <= code + 0.01 * len(texts), (name, stage, exempt)
+        assert survived["en"] + survived["ko"] == total["en"] + total["ko"], (name, survived)
+
+    # decontaminate: every planted item that reached it, in prose and in code, and nothing else
+    reached = [t for t in kept(res["language"]) if kind_of[t] in ("planted", "planted_code")]
+    assert Counter(kind_of[t] for t in reached) == {"planted": total["planted"], "planted_code": total["planted_code"]}
+    contaminated = dropped(res["decontaminate"])
+    assert sorted(row["text"] for row in contaminated) == sorted(reached)
+    assert {row["reason"] for row in contaminated} == {"contaminated"}
+    eval_lines = {json.loads(line)["id"]: n for n, line in enumerate(corpus.evals.open(encoding="utf-8"), 1)}
+    line_of = {t: i for i, t in enumerate(texts)}
+    for row in contaminated:
+        assert int(row["detail"].rsplit(":", 1)[1]) == eval_lines[docs[line_of[row["text"]]]["eval_id"]], row["detail"]
+    assert Counter(
+        docs[line_of[row["text"]]]["where"] for row in contaminated if kind_of[row["text"]] == "planted_code"
+    ).keys() == {
+        "instruction",
+        "docstring",
+        "comment",
+    }
