@@ -40,6 +40,20 @@ def make_texts(n: int, seed: int = 0) -> list[str]:
     return out
 
 
+def load_clean_corpus():
+    """benchmarks/clean_corpus.py as a module (the held-out-style corpus generator, with its truth)."""
+    import importlib.util
+
+    if "clean_corpus" in sys.modules:
+        return sys.modules["clean_corpus"]
+    spec = importlib.util.spec_from_file_location("clean_corpus", ROOT / "benchmarks" / "clean_corpus.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

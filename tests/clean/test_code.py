@@ -4,18 +4,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from test_words import CODE, OTHER, PROSE
 
+from conftest import load_clean_corpus
 from moai.clean.code import is_code
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", sorted(CODE))
@@ -177,17 +173,8 @@ def test_prose_and_junk_with_code_symbols_are_not_code(name):
     assert not is_code(NOT_CODE[name]), name
 
 
-def _corpus_generator():
-    spec = importlib.util.spec_from_file_location("clean_corpus", ROOT / "benchmarks" / "clean_corpus.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_held_out_generators_records_are_code_and_its_junk_is_not():
-    gen = _corpus_generator()
+    gen = load_clean_corpus()
     rng = random.Random(7)
     records = [gen.instruction_record(rng) for _ in range(600)]
     missed = Counter(layout for layout, text in records if not is_code(text))

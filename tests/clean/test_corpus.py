@@ -14,7 +14,6 @@ signatures and during dedup, and a rerun gives the keys and rows of an uninterru
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -29,25 +28,14 @@ import datasets
 import pyarrow as pa
 import pytest
 
+from conftest import load_clean_corpus
 from moai import pipeline
 from moai.clean.minhash import exact_keys
 from moai.clean.shingles import shingle_set
 from moai.config import parse_config
 from moai.formats.text import MappedTable
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("clean_corpus", ROOT / "benchmarks" / "clean_corpus.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-clean_corpus = _load_generator()
+clean_corpus = load_clean_corpus()
 
 
 def config(corpus, cache: Path, tokenizer_dir: Path, **extra) -> dict:
