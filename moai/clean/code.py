@@ -70,7 +70,7 @@ _STATEMENT = re.compile(
     r"[ \t]*(?:"
     rf"(?:async[ \t]+)?(?:def|fn|func|fun|function)[ \t]*\*?[ \t]*(?:{_NAME})?[ \t]*[(<].*"  # function
     rf"|(?:class|struct|interface|enum|trait|impl|namespace|package)[ \t]+{_NAME}.*[:({{<;]?$"
-    r"|import[ \t]+[\w.*{}, ]+(?:[ \t]+(?:as|from)[ \t]+\S+)?;?$|from[ \t]+[\w.]+[ \t]+import[ \t]"
+    r"|import[ \t]+[\w.*{}, ]+(?:[ \t]+(?:as|from)[ \t]+\S+)?;?$|from[ \t]+[\w.]+[ \t]+import[ \t].*"
     r"|#(?:include|define|ifn?def|endif|pragma|!).*"
     r"|(?:return|yield|raise|throw|await)(?:[ \t].*)?;?$|(?:pass|break|continue)[ \t]*;?$"
     r"|(?:if|elif|while|for|with|except|else|try|finally)\b.*:$"  # Python block headers
@@ -79,6 +79,7 @@ _STATEMENT = re.compile(
     r"|(?:public|private|protected|static|export)[ \t]+.*[(){;=].*"
     rf"|{_NAME}(?:[.][\w$]+|\[[^\]\n]*\])*(?:[ \t]*,[ \t]*{_NAME})*[ \t]*"
     r"(?:[-+*/%|&^]|//|\*\*|<<|>>)?=(?!=)[ \t]*\S.*"  # assignment
+    rf"|{_NAME}[ \t]*:[ \t]*[\w.\[\], |]+=(?!=)[ \t]*\S.*"  # annotated assignment
     rf"|{_NAME}(?:[.][\w$]+)*[ \t]*\(.*\)[ \t]*;?"  # a call
     r"|[)}\]]+[ \t]*[;,)]?"  # closing brackets
     r"|(?:SELECT|INSERT[ \t]+INTO|UPDATE|DELETE[ \t]+FROM|CREATE[ \t]+TABLE)\b.*"

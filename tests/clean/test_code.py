@@ -143,6 +143,70 @@ console.log(unique([3, 1, 3, 2, 1]));
 
 This works for primitive values; objects are compared by reference.
 """,
+    "cpp": """\
+Given an array of integers, return the number of pairs whose sum is even.
+#include <bits/stdc++.h>
+using namespace std;
+int main() {
+    int n; cin >> n;
+    vector<long long> a(n);
+    for (auto &x : a) cin >> x;
+    long long even = 0, odd = 0;
+    for (auto x : a) (x % 2 ? odd : even)++;
+    cout << even * (even - 1) / 2 + odd * (odd - 1) / 2 << endl;
+    return 0;
+}
+""",
+    "java": """\
+Write a Java method that reverses a string without using StringBuilder.reverse().
+
+public static String reverse(String s) {
+    char[] chars = s.toCharArray();
+    for (int i = 0, j = chars.length - 1; i < j; i++, j--) {
+        char t = chars[i];
+        chars[i] = chars[j];
+        chars[j] = t;
+    }
+    return new String(chars);
+}
+""",
+    "chat": """\
+User: 리스트에서 두 번째로 큰 수를 찾는 파이썬 코드를 알려줘.
+Assistant: 아래처럼 집합으로 중복을 없앤 뒤 정렬하면 됩니다.
+
+```python
+def second_largest(nums):
+    uniq = sorted(set(nums))
+    return uniq[-2] if len(uniq) >= 2 else None
+```
+
+리스트에 서로 다른 값이 두 개 미만이면 None을 반환합니다.""",
+    "sql": """\
+Write a SQL query that returns the three customers with the highest total order amount.
+SELECT customer_id, SUM(amount) AS total
+FROM orders
+GROUP BY customer_id
+ORDER BY total DESC
+LIMIT 3;
+""",
+    "ko_long_problem": """\
+문제
+N개의 정수로 이루어진 수열이 주어진다. 이 수열에서 연속된 몇 개의 수를 골라 구할 수 있는 합 중 가장 큰 합을 구하는 프로그램을 작성하시오. 단, 수는 한 개 이상 선택해야 한다. 예를 들어 10, -4, 3, 1, 5, 6, -35, 12, 21, -1 이라는 수열이 주어졌다고 하자. 여기서 정답은 12+21인 33이 정답이 된다.
+
+입력
+첫째 줄에 정수 n(1 ≤ n ≤ 100,000)이 주어지고 둘째 줄에는 n개의 정수로 이루어진 수열이 주어진다. 수는 -1,000보다 크거나 같고, 1,000보다 작거나 같은 정수이다.
+
+출력
+첫째 줄에 답을 출력한다.
+
+n = int(input())
+a = list(map(int, input().split()))
+best = cur = a[0]
+for x in a[1:]:
+    cur = max(x, cur + x)
+    best = max(best, cur)
+print(best)
+""",
 }
 
 
