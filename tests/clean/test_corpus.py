@@ -280,3 +280,20 @@ def test_code_is_kept_by_quality_and_language_and_items_planted_in_it_are_caught
         "docstring",
         "comment",
     }
+
+
+@pytest.mark.slow
+def test_the_documented_code_benchmark_runs(tmp_path):
+    # docs/cleaning.md's command, on a small corpus: a row per setup and the JSON line at the end
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "clean_code.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "--docs", "600"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result["setups"]) == {"quality gopher", "quality c4", "quality fineweb", "quality gopher+c4+fineweb",
+                                     "language ko,en", "all"}  # fmt: skip
+    assert all(s["code_kept"] >= 0.98 for s in result["setups"].values())
+    caught, reached = map(int, result["setups"]["all"]["planted_caught"].split("/"))
+    assert caught == reached > 0
+    assert "| all | 100.00% of" in out.stdout
