@@ -10,10 +10,11 @@ so a source needs no setting and a corpus may mix prose and code row by row:
    no sentence end) hold at least half of the characters of the non-empty lines, and code symbols
    are at least 2% of the non-space characters. Weighing by characters keeps a long article with a
    short snippet prose (its paragraphs are long lines) and a code file with Korean comments code.
-2. A record that carries code: a block of consecutive code-like lines (blank lines allowed; every
-   line of a ``` fence or of a Python docstring counts) with at least two statements (`_STATEMENT`: `def f(x):`,
-   `import os`, `x = 1`, `print(x)`, `if (a) {`, `}`, a fence that names a language, ...),
-   holding at least `MIN_BLOCK_SHARE` (5%) of the document's line characters. Instruction +
+2. A record that carries code: a block of consecutive code-like lines (blank lines allowed;
+   every line of a ``` fence or of a Python docstring counts) with at least two statements
+   (`_STATEMENT`: `def f(x):`, `import os`, `x = 1`, `print(x)`, `if (a) {`, `}`, a fence that
+   names a language, ...), holding at least `MIN_BLOCK_SHARE` (5%) of the document's line
+   characters. Instruction +
    solution pairs count, also a long problem statement with a 5-line solution (~14% code), and so
    do answers with a fenced program and tutorials that quote one: mixed prose and code is code.
    A long page with a stray two-line snippet (under 5%) stays prose.
@@ -23,7 +24,9 @@ symbol soup has no statement (statements need letters). A heuristic: measured on
 corpus of benchmarks/clean_corpus.py (docs/cleaning.md).
 
 Cost: rule 1 is two regular-expression scans of the whole text; rule 2 runs only when rule 1 says
-no and some line looks like a statement, and is one match per line.
+no and the text has a `(`, `=`, ``` or `import`, and is two matches per line. On one core of a
+Xeon: ~100 µs for a 2.2 KB prose document, ~56 µs for a 0.4 KB instruction record, ~360 µs for a
+4 KB code file (the quality rules take ~800 µs a document).
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ def _carries_code(text: str, line_chars: int) -> bool:
         in_fence ^= fence
         in_string ^= quotes and not in_fence
     found += block if statements >= 2 else 0
-    return found >= MIN_BLOCK_SHARE * line_chars and found > 0
+    return found > 0 and found >= MIN_BLOCK_SHARE * line_chars
 
 
 __all__ = ["MIN_BLOCK_SHARE", "is_code"]
