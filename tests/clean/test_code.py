@@ -53,6 +53,11 @@ def test_code_edge_cases():
 
 # Instruction + solution records as instruction datasets join their fields (`text_template`).
 RECORDS = {
+    "script_two_lines": """\
+Reverse the string read from standard input.
+s = input()
+print(s[::-1])
+""",
     "en_plain_one_liner": """\
 Write a Python function that returns the squares of the even numbers in a list.
 def even_squares(nums):
