@@ -47,6 +47,7 @@ import json
 import math
 import random
 import re
+import textwrap
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ MIXES = {
               "exact_dup": 0.08, "near_dup": 0.08},
     "english": {"en": 0.70, "ko": 0.04, "code": 0.04, "other": 0.02, "low": 0.02, "planted": 0.02,
                 "exact_dup": 0.08, "near_dup": 0.08},
+    # Korean, English and code, most of the code instruction + Python solution records (issue 24)
+    "code": {"en": 0.25, "ko": 0.20, "code": 0.06, "instruct": 0.34, "other": 0.06, "low": 0.06,
+             "planted": 0.01, "planted_code": 0.02},
 }  # fmt: skip
 NGRAM = 5  # the n-gram of the recorded Jaccard (dedup.near.ngram's default)
 
@@ -399,6 +403,184 @@ def code(rng: random.Random) -> tuple[str, str]:
     return lang, {"python": python_code, "javascript": js_code, "c": c_code}[lang](rng, korean)
 
 
+# --- instruction records: a task in English or Korean, a Python solution ---------------------
+
+# (function name, English task, Korean task, example input, example output)
+TASKS = [
+    ("sum_even", "takes a list of integers and returns the sum of the even numbers",
+     "정수 리스트를 받아 짝수의 합을 반환하는", "[1, 2, 3, 4]", "6"),
+    ("count_words", "counts how many times each word appears in a string and returns a dictionary",
+     "문자열에서 각 단어가 몇 번 나오는지 세어 딕셔너리로 반환하는", '"a b a"', "{'a': 2, 'b': 1}"),
+    ("is_palindrome", "checks whether a string reads the same forwards and backwards, ignoring case",
+     "대소문자를 무시하고 문자열이 회문인지 확인하는", '"Level"', "True"),
+    ("max_subarray", "returns the largest sum of a contiguous subarray",
+     "연속된 부분 배열의 최대 합을 반환하는", "[-2, 1, -3, 4, -1, 2, 1]", "6"),
+    ("merge_sorted", "merges two sorted lists into one sorted list",
+     "정렬된 두 리스트를 하나의 정렬된 리스트로 합치는", "[1, 3], [2, 4]", "[1, 2, 3, 4]"),
+    ("unique_items", "removes duplicates from a list while keeping the original order",
+     "원래 순서를 유지하면서 리스트의 중복을 제거하는", "[3, 1, 3, 2, 1]", "[3, 1, 2]"),
+    ("fibonacci", "returns the n-th Fibonacci number",
+     "n번째 피보나치 수를 반환하는", "10", "55"),
+    ("binary_search", "finds the index of a target value in a sorted list, or -1 if it is missing",
+     "정렬된 리스트에서 목표 값의 위치를 찾고 없으면 -1을 반환하는", "[1, 3, 5, 7], 5", "2"),
+    ("transpose", "transposes a matrix given as a list of rows",
+     "행의 리스트로 주어진 행렬을 전치하는", "[[1, 2], [3, 4]]", "[[1, 3], [2, 4]]"),
+    ("gcd_list", "returns the greatest common divisor of all numbers in a list",
+     "리스트에 있는 모든 수의 최대공약수를 반환하는", "[12, 18, 24]", "6"),
+    ("top_k", "returns the k most frequent elements of a list",
+     "리스트에서 가장 자주 나오는 원소 k개를 반환하는", "[1, 1, 2, 2, 2, 3], 2", "[2, 1]"),
+    ("valid_brackets", "checks whether every bracket in a string is closed in the right order",
+     "문자열의 괄호가 올바른 순서로 닫혔는지 확인하는", '"([]{})"', "True"),
+    ("flatten", "flattens a nested list of any depth",
+     "임의 깊이의 중첩 리스트를 평탄화하는", "[1, [2, [3]]]", "[1, 2, 3]"),
+    ("rotate_list", "rotates a list to the right by k steps",
+     "리스트를 오른쪽으로 k칸 회전하는", "[1, 2, 3, 4, 5], 2", "[4, 5, 1, 2, 3]"),
+    ("prime_factors", "returns the prime factors of a positive integer in increasing order",
+     "양의 정수의 소인수를 오름차순으로 반환하는", "60", "[2, 2, 3, 5]"),
+    ("average_score", "computes the average of the scores in a dictionary of student names to scores",
+     "학생 이름과 점수의 딕셔너리에서 평균 점수를 계산하는", '{"kim": 90, "lee": 80}', "85.0"),
+]  # fmt: skip
+
+EN_INSTRUCTIONS = [
+    "Write a Python function `{f}` that {task}.",
+    "Implement `{f}` in Python: a function that {task}.",
+    "You are given the following problem. Write a function named {f} that {task}. "
+    "Make sure your solution handles empty input.",
+    "Create a Python function called {f} which {task}. Your function should be efficient.",
+    "Given a problem description, write code. The function {f} {task}.",
+]
+KO_INSTRUCTIONS = [
+    "{task} 파이썬 함수 `{f}`를 작성하세요.",
+    "다음 문제를 해결하는 함수 {f}를 구현하세요. 이 함수는 {task} 함수입니다.",
+    "{task} 함수 `{f}`를 만들어 주세요. 빈 입력도 처리해야 합니다.",
+    "파이썬으로 {task} 함수를 작성하고 이름은 {f}로 하세요.",
+]
+EN_EXPLAIN = [
+    "The function walks through the input once, so it runs in O(n) time.",
+    "This solution uses a dictionary to keep track of the counts.",
+    "We handle the empty case first and then process each element in turn.",
+    "The time complexity is O(n log n) because of the sort, and the extra space is O(n).",
+    "Each step keeps the invariant described above, which makes the result correct.",
+]
+KO_EXPLAIN = [
+    "이 함수는 입력을 한 번만 순회하므로 시간 복잡도는 O(n)입니다.",
+    "딕셔너리를 사용해 각 원소의 개수를 기록합니다.",
+    "먼저 빈 입력을 처리한 다음 각 원소를 차례로 확인합니다.",
+    "정렬 때문에 시간 복잡도는 O(n log n)이고 추가 공간은 O(n)입니다.",
+    "반복문을 돌면서 조건을 만족하는 값만 결과에 더합니다.",
+]
+
+
+def _solution_body(rng: random.Random, f: str, korean: bool) -> list[str]:
+    a, b = _ident(rng, 1), _ident(rng, 1)
+    shape = rng.randrange(6)
+    comment = f"    # {_comment(rng, korean)}"
+    if shape == 0:  # a one-liner: short records are what prose word counts drop
+        return [f"def {f}({a}s):", f"    return [{a} for {a} in {a}s if {a} % 2 == 0]"]
+    if shape == 1:
+        return [
+            f"def {f}({a}s):",
+            comment,
+            "    result = {}",
+            f"    for {a} in {a}s:",
+            f"        result[{a}] = result.get({a}, 0) + 1",
+            "    return result",
+        ]
+    if shape == 2:  # stdin / stdout, as competitive programming solutions are written
+        return [
+            "import sys",
+            "",
+            "",
+            "def main():",
+            "    data = sys.stdin.read().split()",
+            "    n = int(data[0])",
+            "    values = list(map(int, data[1:n + 1]))",
+            "    total = 0",
+            "    for v in values:",
+            "        if v % 2 == 0:",
+            "            total += v",
+            "    print(total)",
+            "",
+            "",
+            'if __name__ == "__main__":',
+            "    main()",
+        ]
+    if shape == 3:  # a docstring with parameters, as instruction datasets write them
+        return [
+            f"def {f}({a}, {b}=None):", '    """', f"    {_comment(rng, korean).capitalize()}.", "",
+            f"    :param {a}: the input values", f"    :param {b}: optional settings", "    :return: the result",
+            '    """', f"    if not {a}:", "        return []", f"    {b} = {b} or {{}}", "    out = []",
+            f"    for i, x in enumerate({a}):", "        if x not in out:", "            out.append(x)",
+            "    return out",
+        ]  # fmt: skip
+    if shape == 4:  # a class
+        return [
+            f"class {f.title().replace('_', '')}:",
+            "    def __init__(self):",
+            "        self.items = []",
+            "",
+            "    def add(self, item):",
+            "        self.items.append(item)",
+            "",
+            "    def total(self):",
+            "        return sum(self.items)",
+            "",
+            "    def __len__(self):",
+            "        return len(self.items)",
+        ]
+    lo, hi = _ident(rng, 1), _ident(rng, 1)
+    return [  # a loop with repeated lines (what prose repetition rules count)
+        f"def {f}({a}s, target):",
+        f"    {lo}, {hi} = 0, len({a}s) - 1",
+        f"    while {lo} <= {hi}:",
+        f"        mid = ({lo} + {hi}) // 2",
+        f"        if {a}s[mid] == target:",
+        "            return mid",
+        f"        if {a}s[mid] < target:",
+        f"            {lo} = mid + 1",
+        "        else:",
+        f"            {hi} = mid - 1",
+        "    return -1",
+    ]
+
+
+def instruction_record(rng: random.Random, task: str | None = None) -> tuple[str, str]:
+    """(layout, text): an instruction in English or Korean (or `task`, in English) and a Python
+    solution, laid out as instruction datasets are when their fields are joined (`text_template`)."""
+    korean = task is None and rng.random() < 0.4
+    f, task_en, task_ko, example_in, example_out = rng.choice(TASKS)
+    if task is not None:
+        instruction, example = task, f"Input: {example_in}\nOutput: {example_out}"
+        explain = rng.sample(EN_EXPLAIN, rng.randint(1, 2))
+    elif korean:
+        instruction = rng.choice(KO_INSTRUCTIONS).format(f=f, task=task_ko)
+        example = f"입력: {example_in}\n출력: {example_out}"
+        explain = rng.sample(KO_EXPLAIN, rng.randint(1, 2))
+    else:
+        instruction = rng.choice(EN_INSTRUCTIONS).format(f=f, task=task_en)
+        example = f"Input: {example_in}\nOutput: {example_out}"
+        explain = rng.sample(EN_EXPLAIN, rng.randint(1, 2))
+    if rng.random() < 0.5:
+        instruction += "\n\n" + (("예시:\n" if korean else "Example:\n") + example)
+    code_lines = _solution_body(rng, f, korean)
+    if rng.random() < 0.4:
+        code_lines += ["", "", f"print({f}({example_in}))  # {example_out}"]
+    solution = "\n".join(code_lines)
+    layout = rng.choice(["plain", "fenced", "fenced_explained", "alpaca", "qa"])
+    if layout == "plain":
+        text = f"{instruction}\n{solution}"
+    elif layout == "fenced":
+        text = f"{instruction}\n\n```python\n{solution}\n```"
+    elif layout == "fenced_explained":
+        text = f"{instruction}\n\n```python\n{solution}\n```\n\n{' '.join(explain)}"
+    elif layout == "alpaca":
+        text = f"### Instruction:\n{instruction}\n\n### Response:\n```python\n{solution}\n```"
+    else:
+        q, ans = ("질문", "답변") if korean else ("Question", "Answer")
+        text = f"{q}: {instruction}\n{ans}:\n{solution}\n{' '.join(explain)}"
+    return layout, text + "\n"
+
+
 # --- other languages --------------------------------------------------------------------------
 
 OTHER = {
@@ -601,6 +783,44 @@ def disguise(rng: random.Random, question: str) -> str:
     return rng.choice(["Q: ", "Question: ", '"', "", "1) "]) + text + rng.choice(["", '"', " (answer below)"])
 
 
+CODE_EVAL_TEMPLATES = [
+    "Write a python function to {verb} the {adj} {noun} of a given list of {noun}s and return the {noun} "
+    "whose {noun} is more {adj} than {number}",
+    "Given a list of {noun} records each with a {noun} and a {noun} return the {number} most {adj} {noun}s "
+    "sorted by their {noun} in descending order",
+    "Write a function that takes a string describing a {noun} in {place} and returns the number of {adj} "
+    "{noun}s it mentions before the first {noun}",
+    "Implement a function that checks whether a {adj} {noun} can {verb} every {noun} in a list of {noun}s "
+    "within {number} {unit} and returns True or False",
+]
+
+
+def code_eval_item(rng: random.Random) -> str:
+    """A coding task as code benchmarks state them (MBPP, HumanEval docstrings), 15–40 words."""
+    while True:
+        q = _fill(rng, rng.choice(CODE_EVAL_TEMPLATES), EN | EN_EXTRA) + "."
+        if 15 <= len(q.split()) <= 40:
+            return q
+
+
+def planted_in_code(rng: random.Random, task: str) -> tuple[str, str]:
+    """(where, text): an instruction record with the evaluation task in it, as the instruction
+    (case and punctuation changed), as the solution's docstring, or as comments above the code
+    (wrapped over several lines)."""
+    where = rng.choice(["instruction", "docstring", "comment"])
+    if where == "instruction":
+        return where, instruction_record(rng, disguise(rng, task))[1]
+    f = rng.choice(TASKS)[0]
+    lines = textwrap.wrap(task, rng.randint(40, 80))
+    body = _solution_body(rng, f, korean=False)
+    if where == "docstring":
+        body = [body[0], '    """', *(f"    {line}" for line in lines), '    """', *body[1:]]
+    else:
+        body = [*(f"# {line}" for line in lines), *body]
+    intro = rng.choice(["Complete the function below.", "다음 함수를 완성하세요.", "Fix the bug in this code:"])
+    return where, f"{intro}\n\n```python\n" + "\n".join(body) + "\n```\n"
+
+
 def planted(rng: random.Random, question: str, korean: bool) -> str:
     host = ko_prose(rng) if korean else en_prose(rng)
     paragraphs = host.split("\n\n")
@@ -686,7 +906,11 @@ def _counts(num_docs: int, mix: str) -> dict[str, int]:
     shares = MIXES[mix]
     counts = {k: round(v * num_docs) for k, v in shares.items()}
     counts["en"] += num_docs - sum(counts.values())
-    return counts
+    return {k: counts.get(k, 0) for k in KINDS}
+
+
+KINDS = ("en", "ko", "code", "instruct", "other", "low", "planted", "planted_code", "exact_dup", "near_dup")
+CODE_KINDS = ("code", "instruct", "planted_code")  # what the cleaning stages must keep as code
 
 
 def generate(out_dir: str | Path, num_docs: int, *, seed: int = 0, mix: str = "mixed") -> Corpus:
@@ -699,6 +923,7 @@ def generate(out_dir: str | Path, num_docs: int, *, seed: int = 0, mix: str = "m
     counts = _counts(num_docs, mix)
     # Originals first in a shuffled order of kinds; copies are then inserted after their original.
     kinds = [k for k in ("en", "ko", "code", "other", "low", "planted") for _ in range(counts[k])]
+    kinds += [k for k in ("instruct", "planted_code") for _ in range(counts[k])]  # 0 in mixes before "code"
     rng.shuffle(kinds)
     evals: list[dict] = []
     base: list[tuple[str, dict]] = []
@@ -716,21 +941,32 @@ def generate(out_dir: str | Path, num_docs: int, *, seed: int = 0, mix: str = "m
         elif kind == "low":
             sub, text = low_quality(rng)
             base.append((text, {"kind": "low", "sub": sub}))
-        else:
+        elif kind == "instruct":
+            layout, text = instruction_record(rng)
+            base.append((text, {"kind": "instruct", "layout": layout}))
+        elif kind == "planted":
             korean = rng.random() < 0.3
             item = {"id": f"eval-{len(evals):05d}", "question": eval_item(rng, korean)}
             evals.append(item)
             base.append((planted(rng, item["question"], korean), {"kind": "planted", "eval_id": item["id"]}))
+        else:
+            item = {"id": f"eval-{len(evals):05d}", "question": code_eval_item(rng)}
+            evals.append(item)
+            where, text = planted_in_code(rng, item["question"])
+            base.append((text, {"kind": "planted_code", "eval_id": item["id"], "where": where}))
     for _ in range(4 * counts["planted"]):  # items nobody copied
         evals.append({"id": f"eval-{len(evals):05d}", "question": eval_item(rng, rng.random() < 0.3)})
+    for _ in range(4 * counts["planted_code"]):
+        evals.append({"id": f"eval-{len(evals):05d}", "question": code_eval_item(rng)})
     rng.shuffle(evals)
 
     # Copies: each goes at a random place after its original (in the final order of base documents).
-    copyable = [i for i, (_, t) in enumerate(base) if t["kind"] in ("en", "ko", "code")]
+    copyable = [i for i, (_, t) in enumerate(base) if t["kind"] in ("en", "ko", "code", "instruct")]
     vocab = {
         "en": EN["noun"] + EN["adj"] + EN["verb_past"],
         "ko": [_p(w, "을", "를") for w in KO["thing"]] + KO["adv"] + KO["adj"],
         "code": IDENT,
+        "instruct": IDENT,
     }
     after: dict[int, list[tuple[str, dict]]] = {}
     for kind in ["exact_dup"] * counts["exact_dup"] + ["near_dup"] * counts["near_dup"]:

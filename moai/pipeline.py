@@ -363,6 +363,7 @@ def summary(results: dict[str, StageResult]) -> dict[str, Any]:
                     "rows_in",
                     "rows_out",
                     "dropped",
+                    "counts",
                     "tokens",
                     "samples",
                     "padding_fraction",

@@ -1,7 +1,7 @@
 """What a terminal user sees of a finished run: one short line per stage.
 
 `stage_table` is pure: it reads the `stages` part of `moai.pipeline.summary` (built or reused,
-rows in → out, rows dropped by reason, seconds) and returns the lines the CLI prints on stderr,
+rows in → out, rows dropped by reason, the stage's own counts, seconds) and returns the lines the CLI prints on stderr,
 so skipped and dropped rows are seen without opening a manifest.
 """
 
@@ -65,6 +65,8 @@ def stage_table(stages: dict[str, dict[str, Any]]) -> list[str]:
             made.append("repetition " + ", ".join(f"{src} ×{r:.2f}" for src, r in s["repetition"].items()))
         if dropped_text:
             made.append(f"dropped: {dropped_text}")
+        # a stage's own tallies, e.g. quality's and language's code_exempt (code kept without being judged)
+        made.extend(f"{what} {n:,}" for what, n in sorted((s.get("counts") or {}).items()))
         rows.append((name, when, rows_io, "; ".join(made), time_text))
     widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else [0] * 4
     shown = [i for i in range(4) if widths[i]] + [4]  # a column empty in every row is left out

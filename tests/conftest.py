@@ -40,6 +40,20 @@ def make_texts(n: int, seed: int = 0) -> list[str]:
     return out
 
 
+def load_clean_corpus():
+    """benchmarks/clean_corpus.py as a module (the held-out-style corpus generator, with its truth)."""
+    import importlib.util
+
+    if "clean_corpus" in sys.modules:
+        return sys.modules["clean_corpus"]
+    spec = importlib.util.spec_from_file_location("clean_corpus", ROOT / "benchmarks" / "clean_corpus.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -222,11 +236,13 @@ def task_states(flow_state, expected: set[str] = DATA_STAGES, wait_s: float = 20
 
 def store_files(root: Path) -> dict[Path, bytes]:
     """Every file of the published entries under a store folder with its bytes; manifests (timings)
-    and the store's hidden bookkeeping (lock files, the `.uses.jsonl` use log) left out."""
+    and their digests, and the store's hidden bookkeeping (lock files, the `.uses.jsonl` use log) left out."""
     return {
         p.relative_to(root): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "_manifest.json" and not p.relative_to(root).parts[0].startswith(".")
+        if p.is_file()
+        and p.name not in ("_manifest.json", "_manifest.xxh3")
+        and not p.relative_to(root).parts[0].startswith(".")
     }
 
 

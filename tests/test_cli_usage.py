@@ -120,6 +120,12 @@ def test_stage_table_shows_mix_as_windows_to_samples_best_fit_padding_and_readab
     ), lines[3]
 
 
+def test_stage_table_shows_code_kept_without_being_judged():
+    quality = {"built": True, "rows_in": 900, "rows_out": 850, "dropped": {"gopher:word_count": 50}}
+    lines = stage_table({"quality": quality | {"counts": {"code_exempt": 1234}, "seconds": 0.5}})
+    assert re.match(r"quality +built +900 → 850 +dropped: gopher:word_count 50; code_exempt 1,234 +0\.5s$", lines[0])
+
+
 @pytest.mark.parametrize(
     "err, says",
     [

@@ -8,8 +8,9 @@ A document is kept when the probabilities of the kept languages among its top `_
 predictions sum to at least `min_score` (so a Korean page with English terms, ko 0.6 + en 0.3,
 stays with keep [ko, en]). Otherwise its reason is `language:<top language>` when the top
 language is not kept, and `language:uncertain` when it is kept but the sum falls short.
-Documents that look like code (`words.is_code`) are kept unjudged when `keep_code` is set: lid.176
-reads code as English or as noise.
+Documents that are code (`moai.clean.code.is_code`: code files, and prose records that carry a
+program, such as a Korean instruction and its Python solution) are kept unjudged when `keep_code`
+is set: lid.176 reads code as English, as noise, or as too uncertain.
 
 fasttext-predict 0.9.2.4's `predict` on a list returns labels without probabilities, so each
 text is one `predict` call into C++. The model's cost grows with the text: ~0.5 ms for a 3.7 KB
@@ -26,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from moai.clean.code import is_code
 from moai.clean.quality import Verdicts
-from moai.clean.words import is_code
 from moai.config import LanguageConfig
 from moai.errors import ConfigError
 
@@ -115,7 +116,7 @@ def identify(texts: Sequence[str]) -> tuple[list[str], np.ndarray]:
 def judge(texts: Sequence[str], cfg: LanguageConfig) -> Verdicts:
     """For each text, None when kept, else `language:<code>` or `language:uncertain` (module docstring).
 
-    Texts that look like code are kept when `cfg.keep_code` and counted (`Verdicts.code_kept`)."""
+    Texts that are code are kept when `cfg.keep_code` and counted (`Verdicts.code_exempt`)."""
     keep = set(cfg.keep)
     reasons: list[str | None] = [None] * len(texts)
     code = [cfg.keep_code and is_code(text or "") for text in texts]

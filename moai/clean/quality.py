@@ -14,7 +14,8 @@ runs are cut into word-sized pieces instead of one word per character (the misco
 users report in #135 and #202). Rules that only make sense for some scripts say so: English
 stop words are asked of Latin-script text only, Korean text is asked for Korean particles
 instead, and mean word length has Korean bounds in syllables and no bound for unspaced scripts.
-Documents that look like code (`words.is_code`) are not judged unless asked (`code="judge"`).
+Documents that are code (`moai.clean.code.is_code`: code files, and prose records that carry a
+program, such as an instruction and its solution) are not judged unless asked (`code="judge"`).
 
 Cost: each document's lines, words and n-grams are computed once and shared by the rules (a
 `_Doc`); the work is regular expressions, `collections.Counter` and small NumPy arrays, with no
@@ -38,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from moai.clean.words import TextStats, is_code, words
+from moai.clean.code import is_code
+from moai.clean.words import TextStats, words
 from moai.config import QualityConfig
 from moai.errors import ConfigError
 
@@ -77,12 +79,7 @@ class Verdicts:
     """What a judge said about each text, in order: None (kept) or the first failing rule's name."""
 
     reasons: list[str | None]
-    code_skipped: int = 0  # texts kept without being judged because they look like code
-
-    @property
-    def code_kept(self) -> int:
-        """`code_skipped`, as the language stage names it (code is kept whatever its language)."""
-        return self.code_skipped
+    code_exempt: int = 0  # texts kept without being judged because they are code (`moai.clean.code`)
 
     @property
     def kept(self) -> int:
@@ -503,8 +500,8 @@ def resolve(cfg: QualityConfig) -> list[Rule]:
 def judge(texts: Sequence[str], rules: Sequence[Rule], *, code: str = "skip") -> Verdicts:
     """For each text, None when it passes every rule, else the name of the first rule it fails.
 
-    `code="skip"`: a text that looks like code (`words.is_code`) is kept without being judged,
-    and counted in `Verdicts.code_skipped`; `code="judge"`: code is judged like prose."""
+    `code="skip"`: a text that is code (`moai.clean.code.is_code`) is kept without being judged,
+    and counted in `Verdicts.code_exempt`; `code="judge"`: code is judged like prose."""
     if code not in ("skip", "judge"):
         raise ValueError(f"code must be 'skip' or 'judge', not {code!r}")
     reasons: list[str | None] = []

@@ -45,7 +45,7 @@ class Verdicts:
     hi: int
     reasons: list[str | None]
     details: list[str | None] | None = None
-    counts: dict[str, int] = field(default_factory=dict)  # stage-specific tallies (e.g. code_skipped)
+    counts: dict[str, int] = field(default_factory=dict)  # stage-specific tallies (e.g. code_exempt)
 
 
 # A judge takes a batch of texts and the stage's parameters and returns (reasons, details, counts).

@@ -1,4 +1,4 @@
-"""Words, lines and scripts of a document, for the quality rules; and a test for source code.
+"""Words, lines and scripts of a document, for the quality rules.
 
 Words (`words`) are segmented by script, so that statistics mean the same in every language:
 
@@ -18,8 +18,7 @@ Words (`words`) are segmented by script, so that statistics mean the same in eve
 Everything is a few regular expressions over the whole text (no Python loop per character);
 the character classes are built once per process from `unicodedata`.
 
-`is_code` says whether a document is source code or a config file rather than prose; prose
-rules (word lengths, stop words, terminal punctuation) would drop nearly every code file.
+Whether a document is code is `moai.clean.code`'s question.
 """
 
 from __future__ import annotations
@@ -208,59 +207,4 @@ class TextStats:
         return top if counts[top] else "none"
 
 
-# --- code detection ---------------------------------------------------------------------------
-#
-# A line is code-like when it starts like a statement, a declaration, a comment, markup or a
-# config key, or ends like code (; { } [ ( , =  \ ->), or is indented and short with no
-# sentence end. A document is code when code-like lines hold at least half of the characters of
-# its non-empty lines and code symbols are at least 2% of its non-space characters. Weighing by
-# characters lets a long article with a short snippet stay prose (its paragraphs are long lines),
-# while a code file with Korean comments stays code (comment lines are code-like by their marker).
-
-_KEYWORDS = (
-    # Python, JS/TS, Java, C/C++, C#, Go, Rust, Kotlin, Swift, PHP, shell: words that rarely start a
-    # line of English or Korean prose (a wrapped prose line can start with 'for', 'if', 'with').
-    "def class import return elif except finally raise yield lambda async await pass "
-    "function const let var export interface enum public private protected static void int char float "
-    "double bool boolean unsigned struct typedef namespace template package func impl pub fn mod trait "
-    "val fun echo sudo apt-get pip npm yarn git docker kubectl curl wget chmod mkdir fi esac done"
-).split()
-_SQL = "SELECT INSERT UPDATE DELETE CREATE ALTER DROP FROM WHERE JOIN GROUP ORDER VALUES".split()
-_CODE_START = (
-    r"(?:" + "|".join(map(re.escape, _KEYWORDS)) + r")(?:[ \t(:{;<]|$)"
-    r"|(?:" + "|".join(_SQL) + r")\b"
-    r"|from [\w.]+ import |(?:if|for|while|switch|catch) ?\("
-    r"|#(?:include|define|ifn?def|endif|pragma|!)"  # C preprocessor, shebang
-    r"|(?://|/\*|\*/|\*[ \t]|<!--|-- |#|;;)"  # comments (# also Python, shell, YAML)
-    r"|</?[A-Za-z!?][^>]*>"  # markup
-    r"|@[A-Za-z_]\w*"  # decorators, annotations
-    r"|\$ "  # shell prompt
-    r"|[\w.\"'\[\]]+[ \t]*(?:[-+*/%|&^]?=|:=|=>|->)(?!=)"  # assignment
-    r"|[\"']?[\w.-]+[\"']?[ \t]*:(?:[ \t]+\S.{0,60})?$(?<![.!?。])"  # config key: short value
-    r"|- [\w\"'-]+:"  # YAML list of mappings
-    r"|[)}\]]"  # closing brackets
-)
-_CODE_END = r"(?:[;{}\[(\\,:]|=>|->|:=)"
-_CODE_LINE = re.compile(
-    rf"^(?=[ \t]*(?:{_CODE_START})|.*{_CODE_END}[ \t]*$|(?:\t|  +)\S.{{0,120}}$(?<![.!?。]))(.*)$",
-    re.M,
-)
-_CODE_SYMBOLS = re.compile(r"[{}\[\]();=<>_*/\\|&$#@:]")
-_SPACE = re.compile(r"\s+")
-
-
-def is_code(text: str) -> bool:
-    """Whether `text` is source code or a config file (Python, JS/TS, C/C++, Java, Go, Rust, shell,
-    SQL, HTML, JSON, YAML, ...) rather than prose. A heuristic; see the comment above it."""
-    nonspace = len(text) - sum(map(len, _SPACE.findall(text)))
-    if nonspace == 0:
-        return False
-    symbols = len(_CODE_SYMBOLS.findall(text))
-    if symbols < 0.02 * nonspace:
-        return False
-    line_chars = sum(len(line.strip()) for line in text.splitlines())
-    code_chars = sum(len(line.strip()) for line in _CODE_LINE.findall(text))
-    return code_chars >= 0.5 * line_chars
-
-
-__all__ = ["TextStats", "is_code", "script", "script_counts", "words"]
+__all__ = ["TextStats", "script", "script_counts", "words"]

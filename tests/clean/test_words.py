@@ -1,7 +1,7 @@
-"""Word segmentation by script, document scripts, and the code detector on realistic samples.
+"""Word segmentation by script and document scripts on realistic samples.
 
 The samples here (prose in Korean, English and both; code in a dozen languages) are also the
-inputs of test_quality.py and test_language.py. A paragraph is one line, as in web text, so
+inputs of test_code.py, test_quality.py and test_language.py. A paragraph is one line, as in web text, so
 lines are longer than the limit.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from moai.clean.words import TextStats, is_code, script, words
+from moai.clean.words import TextStats, script, words
 
 # --- prose ------------------------------------------------------------------------------------
 
@@ -466,28 +466,6 @@ def test_stats_share_work():
     assert s.lines == ["첫 줄입니다.", "둘째 줄입니다."]
     assert s.num_words == 4
     assert s.num_word_chars == len("첫줄입니다둘째줄입니다")
-
-
-# --- code ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", sorted(CODE))
-def test_code_files_are_code(name):
-    assert is_code(CODE[name]), name
-
-
-@pytest.mark.parametrize("name", sorted(PROSE))
-def test_prose_is_not_code(name):
-    assert not is_code(PROSE[name]), name
-
-
-def test_code_edge_cases():
-    assert not is_code("")
-    assert not is_code("   \n\n")
-    assert not is_code("짧은 문장이다.")
-    assert not is_code("Call print() to see it.")
-    assert is_code("x = {'a': [1, 2]}\n")
-    assert is_code("def f(x):\n    return x * 2\n")
 
 
 # --- other languages (test_language.py drops them; test_quality.py judges Chinese and Japanese) ---
