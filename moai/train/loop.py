@@ -34,6 +34,7 @@ from moai.train.data import (
     sample_order_identity,
     source_tokens,
 )
+from moai.train.machines import Heartbeat, Topology, require_shared_output_dir
 from moai.train.metrics import MetricsWriter, Throughput, eval_line
 from moai.train.model import attention_kind, build_model, build_optimizer, flops_per_token, peak_flops
 from moai.train.resolved import ResolvedRun
@@ -66,11 +67,20 @@ class Run:
 def train(job: ResolvedRun) -> dict[str, Any]:
     """Train as `job` says, from the newest checkpoint in train.output_dir if there is one; return
     the end of the run: its step, its last log line and, once max_steps is reached, the final eval
-    and where the final model is."""
+    and where the final model is. Over several machines, the output_dir must be one they share, and
+    a lost machine ends the run with a line naming it (`moai.train.machines`)."""
     t, out = job.train, Path(job.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     accelerator, mixed = start_accelerator(t, out)
-    return train_on(job, accelerator, mixed)
+    if t.num_machines == 1:
+        return train_on(job, accelerator, mixed)
+    top = Topology.from_env(t.num_machines)
+    require_shared_output_dir(accelerator, out, top)
+    heartbeat = Heartbeat(top)
+    with heartbeat.watching():
+        result = train_on(job, accelerator, mixed)
+    heartbeat.finish()
+    return result
 
 
 def train_on(job: ResolvedRun, accelerator, mixed: str) -> dict[str, Any]:
