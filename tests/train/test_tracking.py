@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -18,10 +19,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import TINY_MODEL
+from conftest import ROOT, TINY_MODEL, subprocess_env
+from learnable import config, learnable_corpus
 from mixed_sources import SEQ, launch_for, three_source_mix
-from moai.launch import kill_group, run_launch
+from moai.launch import free_port, kill_group, run_launch
 from moai.train.metrics import MetricsWriter
 from moai.train.tracking import Tracker, flat_params, tracker_numbers
 
@@ -127,31 +130,37 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+DOC = ROOT / "docs" / "tracking.md"
+
+
+def doc_commands() -> list[str]:
+    """The command lines of docs/tracking.md's bash blocks, comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), re.S)
+    return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def doc_command(starts: str, ports: dict[str, int]) -> str:
+    """The docs' command line that starts with `starts`, with `ports` put in place of the docs' ones."""
+    line = next(c for c in doc_commands() if c.startswith(starts))
+    for theirs, ours in ports.items():
+        line = line.replace(theirs, str(ours))
+    return line
+
+
+def with_venv(where: Path) -> Path:
+    """`where`, with .venv linked to the repository's, so the docs' `.venv/bin/...` runs as written."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    return where
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    """`mlflow server` on 127.0.0.1 with a sqlite store and its artifacts in a temp folder; stopped by pid."""
-    root = tmp_path_factory.mktemp("mlflow")
-    port = free_loopback_port()
-    argv = [
-        str(Path(sys.executable).parent / "mlflow"),
-        "server",
-        "--backend-store-uri",
-        f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination",
-        str(root / "artifacts"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
+    """The docs' `mlflow server` command (sqlite store, artifacts in a folder, on 127.0.0.1) with a free
+    port, in a temp folder; stopped by pid."""
+    root = with_venv(tmp_path_factory.mktemp("mlflow"))
+    port = free_port()
+    argv = shlex.split(doc_command(".venv/bin/mlflow server", {"5000": port}).rstrip(" &"))
     log = open(root / "server.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(argv, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -166,7 +175,7 @@ def mlflow_server(tmp_path_factory):
 
     try:
         wait_for(healthy, 120, "the MLflow server", interval_s=0.5)
-        yield url
+        yield url, port
     finally:
         kill_group(proc, grace_s=5)
         log.close()
@@ -176,7 +185,8 @@ def mlflow_server(tmp_path_factory):
 def test_mlflow_run_equals_metrics_jsonl_across_a_kill_and_resume(mix, tmp_path, mlflow_server, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    url, _ = mlflow_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     out = tmp_path / "run-mlflow"
     launch = launch_for(*mix, out, max_steps=40, save_every=10, eval_every=10, tracker="mlflow", tracker_project="t1")
     env = {**os.environ, **launch.env, "PYTHONUNBUFFERED": "1"}
@@ -197,7 +207,7 @@ def test_mlflow_run_equals_metrics_jsonl_across_a_kill_and_resume(mix, tmp_path,
     killed_at = max(r["step"] for r in metrics_lines(out) if "loss" in r)
     assert 12 <= killed_at < 40 and not (out / "final").exists(), killed_at
     state = json.loads((out / "tracker.json").read_text())
-    client = MlflowClient(mlflow_server)
+    client = MlflowClient(url)
     run_id = state["run_id"]
     logged = {m.step for m in client.get_metric_history(run_id, "loss")}
     assert logged == set(range(1, state["logged_through"] + 1)), "the tracker got steps past their checkpoint"
@@ -238,7 +248,7 @@ def test_mlflow_run_equals_metrics_jsonl_across_a_kill_and_resume(mix, tmp_path,
     assert run.data.params["train.model_config.hidden_size"] == str(TINY_MODEL["hidden_size"])
     files = {Path(a.path).name for a in client.list_artifacts(run_id, "final")}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= files, files
-    assert start["tracker_url"] == f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    assert start["tracker_url"] == f"{url}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
 
 
 def wandb_records(path: Path):
@@ -295,3 +305,59 @@ def test_wandb_offline_run_files_equal_metrics_jsonl_across_a_resume(mix, tmp_pa
         assert history[key] == pytest.approx(steps, rel=1e-12), key
     assert {"eval_loss/ko", "tokens/en", "loss"} <= set(history)
     assert config["train.max_steps"] == 24 and config["train.tracker"] == "wandb"
+
+
+@pytest.mark.slow
+def test_the_docs_commands_run_as_written(mlflow_server, tmp_path):
+    """docs/tracking.md's commands, in folders with my.yaml and .venv: moai train into MLflow (the
+    server is the docs' command, `mlflow_server`), into W&B offline, into TensorBoard, then the
+    docs' tensorboard command serving the run's loss."""
+    from mlflow.tracking import MlflowClient
+
+    url, port = mlflow_server
+    corpus, tok = learnable_corpus(tmp_path / "data")
+
+    def run_doc(starts: str, tracker: str, ports: dict[str, int]) -> Path:
+        where = with_venv(tmp_path / tracker)
+        cfg = config(tmp_path, corpus, tok, Path("runs/my-run"), max_steps=6, save_every=3, tracker=tracker)
+        (where / "my.yaml").write_text(yaml.safe_dump(cfg))
+        line = doc_command(starts, ports)
+        out = subprocess.run(["bash", "-c", line], cwd=where, env=subprocess_env(), capture_output=True, text=True)
+        assert out.returncode == 0, (line, out.stderr[-3000:])
+        return where / "runs" / "my-run"
+
+    wait = doc_command("until curl", {"5000": port})
+    assert subprocess.run(["bash", "-c", f"timeout 60 bash -c '{wait}'"]).returncode == 0
+    out = run_doc("MLFLOW_TRACKING_URI=", "mlflow", {"5000": port})
+    client = MlflowClient(url)
+    run_id = json.loads((out / "tracker.json").read_text())["run_id"]
+    assert client.get_run(run_id).info.run_name == "my-run"
+    history = {m.step: m.value for m in client.get_metric_history(run_id, "loss")}
+    assert history == pytest.approx(expected_history(out)["loss"], rel=1e-12) and len(history) == 6
+
+    out = run_doc("WANDB_MODE=offline", "wandb", {})
+    sync = doc_command(".venv/bin/wandb sync", {})
+    assert sync.split()[-1] == "runs/my-run/wandb/offline-run-*"
+    assert len(list(out.parent.parent.glob(sync.split()[-1]))) == 1  # what `wandb sync` would upload
+
+    tb_port = free_port()
+    tb_dir = run_doc(".venv/bin/moai train my.yaml", "tensorboard", {}).parent.parent  # the default tracker
+    argv = shlex.split(doc_command(".venv/bin/tensorboard", {"6006": tb_port}))
+    proc = subprocess.Popen(
+        argv, cwd=tb_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        tags: dict = {}
+
+        def serves_loss() -> bool:
+            assert proc.poll() is None, "tensorboard exited"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{tb_port}/data/plugin/scalars/tags", timeout=2) as r:
+                    tags.update(json.loads(r.read()))
+            except OSError:
+                return False
+            return any("loss" in run_tags for run_tags in tags.values())
+
+        wait_for(serves_loss, 120, "tensorboard serving the run's loss", interval_s=1)
+    finally:
+        kill_group(proc, grace_s=5)
