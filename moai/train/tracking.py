@@ -183,16 +183,26 @@ class WandB(Tracker):
         self.run.finish()
 
 
-def require(kind: str) -> None:
-    """A `ConfigError` naming the package to install when the tracker's library is missing."""
+TRACKER_MODULES = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}
+
+
+def tracker_error(kind: str) -> ConfigError | None:
+    """The one-line error for a tracker whose library is not installed, else None (found without importing it)."""
     import importlib.util
 
-    module = {"mlflow": "mlflow", "wandb": "wandb", "tensorboard": "tensorboard"}.get(kind)
-    if module and importlib.util.find_spec(module) is None:
-        raise ConfigError(
-            f"train.tracker {kind} needs the {module} package: pip install 'moai[track]' (or {module}), "
-            "or set train.tracker: none"
-        )
+    module = TRACKER_MODULES.get(kind)
+    if module is None or importlib.util.find_spec(module) is not None:
+        return None
+    return ConfigError(
+        f"train.tracker {kind} needs the {module} package, not installed here: pip install 'moai[track]' "
+        f"(or {module}), or set train.tracker: none"
+    )
+
+
+def require(kind: str) -> None:
+    """Raise `tracker_error` when there is one."""
+    if (err := tracker_error(kind)) is not None:
+        raise err
 
 
 def read_state(out: Path) -> dict[str, Any]:
