@@ -2,7 +2,8 @@
 
 The run shows few cards, each one kept up to date instead of added again: the `overview` (every
 stage in pipeline order, then each stage's detail and the packing histogram), the `training`
-view (chart and latest figures, `flows/training_view.py`), the hardware plan and progress bars.
+view (chart and latest figures, `flows/training_view.py`), the hardware plan and progress bars,
+and a link to the training's MLflow run when train.tracker is mlflow on an http tracking server.
 Prefect lists a run's cards in artifact-id order, which is random (docs/FIELD-NOTES.md), so the
 order that matters lives inside one card. Paths are text: a `file://` link opens nothing in a
 browser, and the path is on the worker, not the viewer's machine.
@@ -244,6 +245,13 @@ def publish_plan(plan: Plan) -> None:
     from prefect.artifacts import create_table_artifact
 
     create_table_artifact(plan.rows(), key="hardware-plan", description=f"Hardware plan on {hardware_text(plan)}")
+
+
+def publish_link(key: str, link: str, text: str, description: str) -> None:
+    """A link card (an http URL: the browser opens it, unlike a file:// path)."""
+    from prefect.artifacts import create_link_artifact
+
+    create_link_artifact(link, link_text=text, key=key, description=description)
 
 
 class LiveMarkdown:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flows import charts
-from flows.artifacts import LiveMarkdown, Progress, duration, markdown_table, number
+from flows.artifacts import LiveMarkdown, Progress, duration, markdown_table, number, publish_link
 
 REFRESH_S = 30.0  # the training card: at most this often, plus every eval and the end
 PROGRESS_S = 2.0  # the progress bar
@@ -155,6 +155,7 @@ class TrainingView:
         self.output_dir, self.max_steps, self.log, self.clock = output_dir, max_steps, log, clock
         self.card = LiveMarkdown("training", f"training: {output_dir}")
         self.progress = Progress("train-progress", f"training: steps done of {max_steps:,}")
+        self.link = publish_link
         self.launched = clock()
         self.started: float | None = None  # when this launch's first step was logged
         self.start_step = 0
@@ -223,6 +224,8 @@ class TrainingView:
             self.start_step = int(record.get("step", 0))
             self.resumed_at = self.start_step if record.get("resumed") else None
             self.started = now
+            if url := record.get("tracker_url"):  # the MLflow run (train.tracker mlflow on an http server)
+                self.link("tracker-run", url, "the tracker's run", f"training: {self.output_dir} in the tracker")
         if "loss" in record and now - self.last_progress >= PROGRESS_S:
             frac = STARTUP_SHARE + (1 - STARTUP_SHARE) * record["step"] / self.max_steps
             self.progress(frac, f"training: step {record['step']:,} of {self.max_steps:,}")

@@ -311,7 +311,12 @@ class TrainConfig(_Model):
     attn_implementation: str | None = Field(
         None, description="None: flex_attention on CUDA with packed rows (document masking at flash speed), else sdpa."
     )
-    tracker: Literal["tensorboard", "mlflow", "none"] = "tensorboard"
+    tracker: Literal["tensorboard", "mlflow", "wandb", "none"] = Field(
+        "tensorboard",
+        description="Where metrics go besides metrics.jsonl (mlflow, wandb: pip install 'moai[track]'); "
+        "a step reaches it once its checkpoint is written.",
+    )
+    tracker_project: str = Field("moai", description="The MLflow experiment or W&B project of the run.")
     num_machines: int = Field(1, ge=1)
     machine_rank: int = Field(0, ge=0)
     main_process_ip: str | None = None

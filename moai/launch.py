@@ -237,7 +237,7 @@ def run_launch(
         code = proc.wait()
     finally:
         if proc.poll() is None:  # cancelled or interrupted: take the whole process group down
-            _kill_group(proc)
+            kill_group(proc)
         if log is not None:
             log.close()
     if code != 0:
@@ -248,7 +248,8 @@ def run_launch(
     return last
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the process group `proc` leads (started with start_new_session), SIGKILL it after `grace_s`."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

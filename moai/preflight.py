@@ -18,7 +18,8 @@ than a data preparation and a launch:
   shorter than one `seq_len` window packs to 0 samples and training evaluates nothing;
 - `train.output_dir` can be resumed with these settings, or is already finished
   (`moai.train.checkpoint.resume_plan`);
-- `runner.kind ray`: Ray and prefect-ray are installed (`pip install 'moai[ray]'`).
+- `runner.kind ray`: Ray and prefect-ray are installed (`pip install 'moai[ray]'`);
+- `train.tracker` mlflow or wandb: its library is installed (`pip install 'moai[track]'`).
 
 `gather` reads the facts (side effects live there), `evaluate` turns them into checks (pure).
 Independent failures are raised together (`Mistakes`), one line each.
@@ -71,6 +72,7 @@ class Facts:
     model_setting: str = ""
     model_config: dict[str, Any] | None = None
     resume: Check | None = None
+    tracker: Check | None = None
     cleaning: dict[str, str] = field(default_factory=dict)  # cleaning stage that is on → what it will do
     runner_missing: list[str] = field(default_factory=list)  # packages runner.kind needs that are not installed
     bytes_per_token: dict[str, float] = field(default_factory=dict)  # source setting -> measured on a sample
@@ -115,6 +117,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
         except MoaiError as err:
             f.errors["train.init_from" if t.mode == "continue" else "train.model_config"] = err
         f.resume = _resume_check(config) if resume else None
+        f.tracker = _tracker_check(t.tracker)
     f.cache_write_error = _write_probe(Path(f.cache_dir))
     f.runner_missing = [d for m, d in RUNNER_PACKAGES.get(config.runner.kind, {}).items() if not _installed(m)]
     f.free_gb = detect(f.cache_dir, with_gpus=False).disk_free_gb
@@ -232,6 +235,16 @@ def _resume_check(config: PipelineConfig) -> Check | None:
     return Check("train.output_dir", "pass", decided.detail)
 
 
+def _tracker_check(kind: str) -> Check | None:
+    from moai.train.tracking import tracker_error
+
+    if kind == "none":
+        return None
+    if (err := tracker_error(kind)) is not None:
+        return Check("train.tracker", "fail", str(err), "pip install 'moai[track]'", error=err)
+    return Check("train.tracker", "pass", f"{kind} installed; a step reaches it once its checkpoint is written")
+
+
 def evaluate(f: Facts) -> list[Check]:
     """The checks for a set of facts (pure)."""
     c = f.config
@@ -256,6 +269,8 @@ def evaluate(f: Facts) -> list[Check]:
     out.extend(_seq_len_checks(f))
     if f.resume is not None:
         out.append(f.resume)
+    if f.tracker is not None:
+        out.append(f.tracker)
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import write_jsonl
+from conftest import ROOT, TINY_MODEL, train_bpe, write_jsonl
 
 KOREAN = ["모델", "데이터", "토큰", "학습", "한국어", "문서", "캐시", "빠르게", "그리고", "있다"]
 CODE = ["def f(x):\n", "    return x * 2\n", "for i in range(3):\n", "    print(i)\n", "x = {'a': [1, 2]}\n"]
@@ -88,3 +88,48 @@ def write_mixed_index(
     }
     (folder / "pack.json").write_text(json.dumps(meta, indent=2))
     return folder
+
+
+SEQ = 32
+NAMES = ["ko", "code", "en"]
+
+
+def three_source_mix(root: Path, seeds: tuple[int, ...] = (0,)) -> tuple[Path, dict[str, Path], list[Path]]:
+    """A tokenizer, three token stores (ko, code, en) and one mixed index of 150 train samples (90 ko,
+    45 code, 15 en) per seed (the same windows in another order)."""
+    tok = train_bpe(root / "tok", [t for n in NAMES for t in source_texts(n, 300)], vocab_size=400)
+    stores = make_sources(root, tok, {"ko": 300, "code": 300, "en": 200})
+    counts = {"ko": 90, "code": 45, "en": 15}
+    return tok, stores, [write_mixed_index(root / "cache", stores, SEQ, counts=counts, seed=s) for s in seeds]
+
+
+def launch_for(tok: Path, stores: dict[str, Path], index: Path, out: Path, **train):
+    """The `accelerate launch` of a CPU run over `index` into `out` (train settings: a 24-step run,
+    logging every step, overridden by `train`)."""
+    from moai.config import parse_config
+    from moai.launch import Launch, free_port, launch_command, resolve
+
+    t = {
+        "model_config": TINY_MODEL,
+        "output_dir": str(out),
+        "max_steps": 24,
+        "micro_batch_size": 8,
+        "lr": 3e-3,
+        "warmup_steps": 2,
+        "log_every": 1,
+        "eval_every": 8,
+        "save_every": 4,
+        "eval_batches": 2,
+        "tracker": "none",
+        **train,
+    }
+    config = parse_config(
+        {"source": {"path": "unused"}, "tokenizer": {"path": str(tok)}, "pack": {"seq_len": SEQ}, "train": t}
+    )
+    data = {"token_store": str(stores["ko"]), "sample_index": str(index), "tokenizer": str(tok)}
+    resolved = resolve(config, data, loader_workers=0)
+    assert config.train is not None
+    launch = launch_command(
+        config.train, str(resolved), num_gpus=0, port=free_port(), accelerate_config=str(out / "accelerate.yaml")
+    )
+    return Launch(launch.argv, {**launch.env, "PYTHONPATH": str(ROOT)}, launch.num_processes)

@@ -295,3 +295,18 @@ def test_the_validation_estimate_is_within_20_percent_on_the_examples(tmp_path, 
     estimated = int(re.match(r"~(\d+) validation sample", check.detail).group(1))
     real = prepare(config, progress=False)["num_samples"]["validation"]
     assert abs(estimated - real) <= 0.2 * real, (estimated, real)
+
+
+def test_a_tracker_whose_library_is_missing_fails_before_any_stage(tmp_path, corpus, monkeypatch):
+    from moai.train import tracking
+
+    data = config_dict(tmp_path, corpus, {"train": {"vocab_size": 400}}, train={"model_config": LLAMA})
+    data["train"]["tracker"] = "wandb"
+    config = parse_config(data)
+    assert status(preflight.run(config, tokenizer=False), "train.tracker") == "pass"  # installed by the dev extras
+    # as on a machine without it: the module name it looks for is one that no machine has
+    monkeypatch.setitem(tracking.TRACKER_MODULES, "wandb", "wandb_is_not_installed_here")
+    with pytest.raises(ConfigError) as err:
+        preflight.require(config)
+    assert str(err.value).startswith("train.tracker wandb needs the wandb_is_not_installed_here package")
+    assert "pip install 'moai[track]'" in str(err.value) and not (tmp_path / "cache" / "convert").exists()

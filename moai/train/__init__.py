@@ -17,6 +17,10 @@ One process per rank runs `loop.train`: set up → build → resume → steps �
 - `metrics`: one JSON line per `log_every` steps on stdout and in `<output_dir>/metrics.jsonl`
   (a resumed run first drops the lines after its start step), evaluation on the validation split;
   a mixed run adds "tokens_by_source" to step lines and "eval_loss/<source>" to eval lines;
+- `tracking`: TensorBoard, MLflow or W&B, given each metrics line once its checkpoint is written
+  (so a resumed run never logs a step twice), the same tracker run across resumes (`tracker.json`);
+- `machines`: over several machines, the shared output_dir check before training and the heartbeat
+  that names a lost machine;
 - `loop`: `train`, its steps, and `guarded` (the one failure line `moai.launch` reads).
 
 Importing this package loads numpy and pydantic, not torch, transformers or accelerate: those are

@@ -15,7 +15,6 @@ in `checkpoint`.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import sys
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moai.config import ConfigError, TrainConfig
+from moai.config import TrainConfig
 from moai.train.checkpoint import TrainState, resume, run_identity, save_checkpoint, save_final
 from moai.train.data import (
     Dataset,
@@ -35,9 +34,11 @@ from moai.train.data import (
     sample_order_identity,
     source_tokens,
 )
+from moai.train.machines import Heartbeat, Topology, require_shared_output_dir
 from moai.train.metrics import MetricsWriter, Throughput, eval_line
 from moai.train.model import attention_kind, build_model, build_optimizer, flops_per_token, peak_flops
 from moai.train.resolved import ResolvedRun
+from moai.train.tracking import flat_params, open_tracker, require as require_tracker
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +67,29 @@ class Run:
 def train(job: ResolvedRun) -> dict[str, Any]:
     """Train as `job` says, from the newest checkpoint in train.output_dir if there is one; return
     the end of the run: its step, its last log line and, once max_steps is reached, the final eval
-    and where the final model is."""
+    and where the final model is. Over several machines, the output_dir must be one they share, and
+    a lost machine ends the run with a line naming it (`moai.train.machines`)."""
+    t, out = job.train, Path(job.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    accelerator, mixed = start_accelerator(t, out)
+    if t.num_machines == 1:
+        return train_on(job, accelerator, mixed)
+    top = Topology.from_env(t.num_machines)
+    require_shared_output_dir(accelerator, out, top)
+    heartbeat = Heartbeat(top)
+    with heartbeat.watching():
+        result = train_on(job, accelerator, mixed)
+    heartbeat.finish()
+    return result
+
+
+def train_on(job: ResolvedRun, accelerator, mixed: str) -> dict[str, Any]:
+    """`train` once the processes are up: build, resume, run the steps, finish."""
     import torch
     from accelerate.utils import set_seed
     from transformers import AutoTokenizer
 
     t, out = job.train, Path(job.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    accelerator, mixed, tracker = start_accelerator(t, out)
     set_seed(t.seed)  # same initial weights on every rank
 
     tokenizer = AutoTokenizer.from_pretrained(job.data.tokenizer)
@@ -96,13 +112,15 @@ def train(job: ResolvedRun) -> dict[str, Any]:
     world, rank = accelerator.num_processes, accelerator.process_index
     identity = run_identity(t, world, seq_len, len(train_data), sample_order_identity(train_data))
     state, resumed = resume(out, accelerator, raw_model, optimizer, scheduler, identity)
-    metrics = MetricsWriter(accelerator, out, start_step=state.step)
+    tracker, logged_through = None, 0
+    if t.tracker != "none" and accelerator.is_main_process:
+        params = flat_params(job.config.model_dump(mode="json", by_alias=True))
+        tracker, logged_through = open_tracker(t.tracker, out, params, t.tracker_project, resuming=resumed)
+    metrics = MetricsWriter(accelerator, out, state.step, tracker, logged_through)
     if t.compile:
         if attn == "flex_attention" and torch.cuda.is_available():
             tune_flex_attention()
         model = torch.compile(model)
-    if tracker:
-        accelerator.init_trackers("moai", config={"max_steps": t.max_steps, "lr": t.lr, "seq_len": seq_len})
     loader = make_loader(train_data, t, rank, world, state.step, job.loader_workers)
     record_first_samples(out, train_data, t, rank, world, state.step)
 
@@ -120,6 +138,7 @@ def train(job: ResolvedRun) -> dict[str, Any]:
             "mixed_precision": mixed,
             "attention": attn,
             "resumed": resumed,
+            **({"tracker_url": tracker.url} if tracker is not None and tracker.url else {}),
             **({"sources": train_data.source_names} if sources else {}),
         }
     )
@@ -162,21 +181,19 @@ def tune_flex_attention() -> None:
 
 
 def start_accelerator(t: TrainConfig, out: Path):
-    """The Accelerator for this process, with its mixed precision and tracker (None: none)."""
+    """The Accelerator for this process and its mixed precision; the tracker's package is checked
+    here, before any work (the main process opens the tracker, `moai.train.tracking`)."""
     import torch
     from accelerate import Accelerator
 
     mixed = t.mixed_precision or ("bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no")
-    tracker = None if t.tracker == "none" else t.tracker
-    if tracker == "mlflow" and importlib.util.find_spec("mlflow") is None:
-        raise ConfigError(
-            "train.tracker mlflow needs the mlflow package (pip install mlflow); MLFLOW_TRACKING_URI picks the server"
-        )
-    accelerator = Accelerator(mixed_precision=mixed, log_with=tracker, project_dir=str(out))
+    if t.tracker != "none":
+        require_tracker(t.tracker)
+    accelerator = Accelerator(mixed_precision=mixed, project_dir=str(out))
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return accelerator, mixed, tracker
+    return accelerator, mixed
 
 
 def run_steps(run: Run, loader, stop_at: int) -> dict[str, Any]:
@@ -200,6 +217,7 @@ def run_steps(run: Run, loader, stop_at: int) -> dict[str, Any]:
             eval_line(run.model, run.accelerator, run.val_data, t, state.step, run.metrics)
         if state.step % t.save_every == 0 or state.step == stop_at:
             save_checkpoint(run.accelerator, run.raw_model, run.optimizer, run.scheduler, run.tokenizer, state, t)
+            run.metrics.commit(state.step)  # the tracker gets the lines this checkpoint covers
     return last
 
 
@@ -286,7 +304,10 @@ def finish(run: Run, last: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"step": state.step, "last": last}
     if state.step >= t.max_steps:
         result["eval"] = eval_line(run.model, accelerator, run.val_data, t, state.step, run.metrics)
-        result["final_model"] = str(save_final(accelerator, run.raw_model, run.tokenizer, run.out))
+        final = save_final(accelerator, run.raw_model, run.tokenizer, run.out)
+        result["final_model"] = str(final)
+        run.metrics.artifact(final, "final")
+    run.metrics.commit(state.step)
     accelerator.wait_for_everyone()
     run.metrics.write({"event": "end", **{k: v for k, v in result.items() if k != "last"}, "step": state.step})
     run.metrics.close()

@@ -2,8 +2,9 @@
 
 Every record goes, from the main process only, to stdout (one JSON object a line: what
 `moai.launch` reads and hands to its caller), to `<output_dir>/metrics.jsonl`, and to the tracker
-(TensorBoard, MLflow) when there is one. A run starting at step S first drops the lines after S
-(logged after the checkpoint it resumes from, before a kill), so each step appears once.
+(TensorBoard, MLflow, W&B; `moai.train.tracking`) once the step's checkpoint is written. A run
+starting at step S first drops the lines after S (logged after the checkpoint it resumes from,
+before a kill), so each step appears once.
 
 A run over a mixed index (several sources) adds to each step line "tokens_by_source" (tokens read
 from each source so far, `data.SourceTokens`) and to each eval line "eval_loss/<name>" per source;
@@ -31,6 +32,7 @@ import numpy as np
 
 from moai.config import TrainConfig
 from moai.train.data import PackedDataset
+from moai.train.tracking import Tracker, tracker_numbers, write_state
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -84,22 +86,31 @@ def trim_metrics(path: Path, step: int) -> int:
     return len(lines) - len(kept)
 
 
-# Records' per-source dicts, as the tracker names their scalars.
-TRACKER_GROUPS = {"tokens_by_source": "tokens"}
-
-
 class MetricsWriter:
     """The run's record sink: stdout, metrics.jsonl and the tracker, on the main process only.
 
     Opening it for a run that starts at `start_step` first drops the lines logged after that step
     by the run before (`trim_metrics`): it must be opened before the first new line is written.
+    The tracker (`moai.train.tracking`) gets the lines of `metrics.jsonl` it was not given yet up
+    to `start_step` at once, then each new line at the next `commit` (after a checkpoint).
     """
 
-    def __init__(self, accelerator, output_dir: Path, start_step: int = 0):
+    def __init__(
+        self,
+        accelerator,
+        output_dir: Path,
+        start_step: int = 0,
+        tracker: Tracker | None = None,
+        logged_through: int = 0,
+    ):
         self.accelerator = accelerator
+        self.out = output_dir
         self.file = None
+        self.tracker = tracker if accelerator.is_main_process else None
+        self.pending: list[tuple[dict[str, float], int]] = []
         if accelerator.is_main_process:
-            dropped = trim_metrics(output_dir / "metrics.jsonl", start_step)
+            path = output_dir / "metrics.jsonl"
+            dropped = trim_metrics(path, start_step)
             if dropped:
                 log.info(
                     "metrics.jsonl: dropped %d line(s) after step %d, logged before the previous run stopped; "
@@ -107,7 +118,16 @@ class MetricsWriter:
                     dropped,
                     start_step,
                 )
-            self.file = open(output_dir / "metrics.jsonl", "a")  # noqa: SIM115 (open for the run: close())
+            if self.tracker is not None and path.is_file():
+                for line in path.read_text(encoding="utf-8").splitlines():
+                    self._queue(json.loads(line), after=logged_through)
+                self.commit(start_step)
+            self.file = open(path, "a")  # noqa: SIM115 (open for the run: close())
+
+    def _queue(self, record: dict[str, Any], after: int = -1) -> None:
+        numbers = tracker_numbers(record)
+        if numbers and record["step"] > after:
+            self.pending.append((numbers, record["step"]))
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is None:
@@ -116,15 +136,28 @@ class MetricsWriter:
         print(line, flush=True)  # the documented stdout protocol: moai.launch reads these lines
         self.file.write(line + "\n")
         self.file.flush()
-        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step" and v is not None}
-        for key, prefix in TRACKER_GROUPS.items():  # {"ko": 3} under "tokens_by_source" -> "tokens/ko"
-            numbers.update({f"{prefix}/{name}": v for name, v in (record.get(key) or {}).items()})
-        if numbers:
-            self.accelerator.log(numbers, step=record["step"])
+        if self.tracker is not None:
+            self._queue(record)
+
+    def commit(self, step: int) -> None:
+        """Give the tracker every line written so far (their checkpoint is saved) and record that
+        it holds the lines up to `step`."""
+        if self.tracker is None:
+            return
+        for numbers, at in self.pending:
+            self.tracker.log(numbers, at)
+        self.pending.clear()
+        write_state(self.out, self.tracker, step)
+
+    def artifact(self, folder: Path, name: str) -> None:
+        if self.tracker is not None:
+            self.tracker.artifact(folder, name)
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 class Throughput:

@@ -6,6 +6,8 @@ import base64
 import json
 import math
 
+import pytest
+
 from flows import charts, training_view
 from moai.config import TrainConfig
 
@@ -200,3 +202,27 @@ def test_the_card_leaves_starting_at_the_first_step(tmp_path):
     assert len(cards) == 2  # not before REFRESH_S or an eval
     record({"step": 20, "eval_loss": 4.1, "eval_ppl": 60.3})
     assert len(cards) == 3 and "4.1 / 60.3 (step 20)" in cards[2]
+
+
+@pytest.mark.slow
+def test_the_run_links_to_the_mlflow_run_the_start_line_names(prefect_server, tmp_path):
+    """The start line of a run with an MLflow tracker on an http server carries the run's URL; the
+    Prefect run shows it as a link card (checked through the API of a real Prefect server)."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    url = "http://127.0.0.1:5000/#/experiments/1/runs/0123abcd"
+
+    @flow
+    def fake_launch():
+        view = training_view.TrainingView(str(tmp_path), 10, log=lambda line: None)
+        view.on_metrics({"event": "start", "step": 0, "resumed": False, "tracker_url": url})
+        view.on_metrics({"event": "start", "step": 0, "resumed": False})  # none named: no card
+
+    state = fake_launch(return_state=True)
+    with get_client(sync_client=True) as client:
+        by_run = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        found = client.read_artifacts(artifact_filter=by_run)
+    # Prefect stores a link card as markdown holding the one link
+    assert [a.data for a in found if a.key == "tracker-run"] == [f"[the tracker's run]({url})"]

@@ -9,56 +9,26 @@ import re
 import numpy as np
 import pytest
 
-from conftest import ROOT, TINY_MODEL, train_bpe
-from mixed_sources import make_sources, source_texts, write_mixed_index
-from moai.config import parse_config
-from moai.launch import Launch, TrainingFailed, free_port, launch_command, resolve, run_launch
+from mixed_sources import NAMES, launch_for, three_source_mix
+from moai.launch import TrainingFailed, run_launch
 
 pytestmark = pytest.mark.slow
-
-SEQ = 32
-NAMES = ["ko", "code", "en"]
 
 
 @pytest.fixture(scope="module")
 def mix(tmp_path_factory):
-    """Three token stores and a mixed index of 150 train samples (90 ko, 45 code, 15 en)."""
-    root = tmp_path_factory.mktemp("mixrun")
-    tok = train_bpe(root / "tok", [t for n in NAMES for t in source_texts(n, 300)], vocab_size=400)
-    stores = make_sources(root, tok, {"ko": 300, "code": 300, "en": 200})
-    index = write_mixed_index(root / "cache", stores, SEQ, counts={"ko": 90, "code": 45, "en": 15})
-    other = write_mixed_index(root / "cache", stores, SEQ, counts={"ko": 90, "code": 45, "en": 15}, seed=1)
-    return root, tok, stores, index, other
+    """Three token stores and two mixed indexes of 150 train samples (90 ko, 45 code, 15 en): the same
+    windows in two orders."""
+    tok, stores, (index, other) = three_source_mix(tmp_path_factory.mktemp("mixrun"), seeds=(0, 1))
+    return tok, stores, index, other
 
 
 def train(mix, out, index=None, **train):
     """One launch; returns the records `run_launch` handed to on_metrics."""
-    _, tok, stores, default, _ = mix
-    t = {
-        "model_config": TINY_MODEL,
-        "output_dir": str(out),
-        "max_steps": 24,
-        "micro_batch_size": 8,
-        "lr": 3e-3,
-        "warmup_steps": 2,
-        "log_every": 1,
-        "eval_every": 8,
-        "save_every": 4,
-        "eval_batches": 2,
-        "tracker": "none",
-        **train,
-    }
-    config = parse_config(
-        {"source": {"path": "unused"}, "tokenizer": {"path": str(tok)}, "pack": {"seq_len": SEQ}, "train": t}
-    )
-    data = {"token_store": str(stores["ko"]), "sample_index": str(index or default), "tokenizer": str(tok)}
-    resolved = resolve(config, data, loader_workers=0)
-    launch = launch_command(
-        config.train, str(resolved), num_gpus=0, port=free_port(), accelerate_config=str(out / "accelerate.yaml")
-    )
+    tok, stores, default, _ = mix
     records: list[dict] = []
-    env = {**launch.env, "PYTHONPATH": str(ROOT)}
-    run_launch(Launch(launch.argv, env, launch.num_processes), on_line=lambda line: None, on_metrics=records.append)
+    launch = launch_for(tok, stores, index or default, out, **train)
+    run_launch(launch, on_line=lambda line: None, on_metrics=records.append)
     return records
 
 
@@ -77,7 +47,7 @@ def prefix_counts(index, position):
 
 
 def test_a_mixed_run_logs_tokens_and_eval_loss_per_source_and_resumes_exactly(mix, tmp_path):
-    _, _, _, index, other = mix
+    _, _, index, other = mix
     whole = tmp_path / "whole"
     records = train(mix, whole, tracker="tensorboard")
 

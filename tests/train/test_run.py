@@ -13,47 +13,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PYTHON, ROOT, TINY_MODEL, subprocess_env, train_bpe, write_jsonl
+from conftest import PYTHON, ROOT, TINY_MODEL, subprocess_env
+from learnable import config, learnable_corpus
 from moai.config import parse_config
 from moai.launch import Launch, TrainingFailed, launch_command, run_launch
 
 # Every test here starts processes: `accelerate launch` with its ranks, or the CLI that runs it.
 pytestmark = pytest.mark.slow
 
-WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
-
 
 @pytest.fixture(scope="module")
 def learnable(tmp_path_factory):
     """A corpus where each next word is determined by the last one, and a tokenizer for it."""
     root = tmp_path_factory.mktemp("learnable")
-    docs = [{"text": " ".join(WORDS[(s + i) % len(WORDS)] for i in range(40))} for s in range(400)]
-    corpus = write_jsonl(root / "corpus.jsonl", docs)
-    tok = train_bpe(root / "tok", [d["text"] for d in docs], vocab_size=300)
-    return root, corpus, tok
-
-
-def config(root: Path, corpus, tok, out: Path, **train) -> dict:
-    return {
-        "cache_dir": str(root / "cache"),
-        "source": {"path": str(corpus)},
-        "tokenizer": {"path": str(tok)},
-        "pack": {"seq_len": 32},
-        "split": {"val_fraction": 0.05},
-        "train": {
-            "model_config": TINY_MODEL,
-            "output_dir": str(out),
-            "max_steps": 20,
-            "micro_batch_size": 4,
-            "lr": 3e-3,
-            "warmup_steps": 2,
-            "log_every": 1,
-            "save_every": 5,
-            "eval_batches": 2,
-            "tracker": "none",
-            **train,
-        },
-    }
+    return root, *learnable_corpus(root)
 
 
 def moai_train(cfg: dict, where: Path) -> subprocess.CompletedProcess:

@@ -150,30 +150,3 @@ def test_sample_order_identity_reads_the_manifest_digest_or_hashes(tmp_path):
     (folder / MANIFEST).write_text(json.dumps({"files": {"train.npy": {"bytes": 1, "xxh3_128": "f00"}}}))
     assert sample_order_identity(folder) == "as-stored xxh3:f00"
     assert sample_order_identity(None) == "shuffle"
-
-
-class _Accelerator:
-    is_main_process = True
-
-    def __init__(self):
-        self.logged = []
-
-    def log(self, values, step):
-        self.logged.append((step, values))
-
-
-def test_the_tracker_gets_tokens_and_eval_loss_per_source(tmp_path, capsys):
-    from moai.train.metrics import MetricsWriter
-
-    acc = _Accelerator()
-    writer = MetricsWriter(acc, tmp_path)
-    writer.write({"step": 2, "loss": 1.5, "tokens": 30, "tokens_by_source": {"ko": 20, "en": 10}})
-    writer.write({"step": 2, "eval_loss": 1.2, "eval_loss/ko": 1.1, "eval_loss/en": 1.4})
-    writer.close()
-    assert acc.logged == [
-        (2, {"loss": 1.5, "tokens": 30, "tokens/ko": 20, "tokens/en": 10}),
-        (2, {"eval_loss": 1.2, "eval_loss/ko": 1.1, "eval_loss/en": 1.4}),
-    ]
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert lines[0]["tokens_by_source"] == {"ko": 20, "en": 10}
-    assert capsys.readouterr().out.count("\n") == 2
