@@ -56,7 +56,7 @@ class Facts:
     config: PipelineConfig
     resolved: dict[str, str] = field(default_factory=dict)  # setting → where it was found
     errors: dict[str, MoaiError] = field(default_factory=dict)  # setting → why it cannot be used
-    corpus_bytes: int | None = None  # local source files, summed
+    corpus_bytes: int | None = None  # local source files' text, summed (compressed ones estimated)
     num_files: int = 0
     local_files: dict[str, tuple[int, int]] = field(default_factory=dict)  # source setting → (files, bytes)
     mix_budget: tuple[int | None, str] | None = None  # with sources: the mix's tokens and where they come from
@@ -78,6 +78,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
     the train section out (`moai prepare` does not train)."""
     from moai import hub
     from moai.hardware import detect
+    from moai.stages.convert.compressed import text_bytes
     from moai.stages.convert.readers import source_files
 
     f = Facts(config=config, cache_dir=str(Path(config.cache_dir).expanduser().resolve()))
@@ -87,7 +88,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
                 f.resolved[setting] = hub.resolve(f"{setting}.hub", src.hub, "dataset").where
             else:
                 files = source_files(src)
-                f.local_files[setting] = (len(files), sum(p.stat().st_size for p in files))
+                f.local_files[setting] = (len(files), text_bytes(files))
         except MoaiError as err:
             f.errors[setting] = err if setting == "source" else type(err)(f"{setting}: {err}")
     _cleaning_into(f)

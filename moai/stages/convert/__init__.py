@@ -51,7 +51,7 @@ from moai.errors import DataError
 from moai.formats.text import write_text_dataset
 from moai.report import timing
 from moai.stages.convert.fingerprint import FileRead, check_read, digest_file, files_fingerprint, remember
-from moai.stages.convert.readers import FORMATS, Rows, file_rows, hub_rows, load_hub, source_files
+from moai.stages.convert.readers import FORMATS, Rows, file_rows, format_of, hub_rows, load_hub, source_files
 
 __all__ = ["FORMATS", "NAME", "READS", "VERSION", "build", "convert", "settings", "source_files", "source_fingerprint"]
 
@@ -312,7 +312,7 @@ def _no_rows(f: FileRead) -> str:
     """Why a file that was read gave no row, in words."""
     if f.size == 0:
         return "the file is empty"
-    kind = FORMATS[Path(f.path).suffix.lower()]
+    kind = format_of(Path(f.path))
     return {
         "csv": "a header and no rows",
         "parquet": "the table has 0 rows",

@@ -6,6 +6,7 @@ Sequentially read files go through `HashingReader`, so what was parsed is what i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import io
@@ -19,6 +20,16 @@ from typing import Any, BinaryIO
 
 from moai.config import SourceConfig, template_fields
 from moai.errors import DataError
+from moai.stages.convert.compressed import (
+    CODECS,
+    codec_of,
+    codec_of_name,
+    corrupt,
+    decompress_errors,
+    decompressing,
+    format_suffix,
+    read_head,
+)
 from moai.stages.convert.fingerprint import (
     CHUNK_BYTES,
     FileRead,
@@ -47,13 +58,28 @@ def source_files(source: SourceConfig) -> list[Path]:
         matches = sorted(Path(p) for p in glob.glob(str(literal), recursive=True) if Path(p).is_file())
     if not matches:
         raise DataError(f"source.path {source.path!r} matches no files (working directory: {Path.cwd()})")
-    unknown = [p for p in matches if p.suffix.lower() not in FORMATS]
-    if unknown:
-        raise DataError(
-            f"source.path {source.path!r}: cannot read {unknown[0]} (extension {unknown[0].suffix!r}); "
-            f"supported: {', '.join(sorted(FORMATS))}"
-        )
+    for p in matches:
+        _check_name(source, p)
     return matches
+
+
+def format_of(path: Path) -> str:
+    """The format of a file that `source_files` accepted: `jsonl` for `a.jsonl` and `a.jsonl.zst`."""
+    return FORMATS[format_suffix(path)]
+
+
+def _check_name(source: SourceConfig, path: Path) -> None:
+    suffix = format_suffix(path)
+    if suffix not in FORMATS:
+        raise DataError(
+            f"source.path {source.path!r}: cannot read {path} (extension {path.suffix!r}); "
+            f"supported: {', '.join(sorted(FORMATS))}, text formats also compressed ({', '.join(CODECS)})"
+        )
+    if FORMATS[suffix] == "parquet" and codec_of_name(path) is not None:
+        raise DataError(
+            f"source.path {source.path!r}: {path} is a compressed parquet file; parquet compresses its own "
+            "columns: decompress it to .parquet (or write it with parquet's compression= setting)"
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -116,7 +142,7 @@ def _json_lines(f: BinaryIO, path: Path, rows: Rows) -> Iterator[tuple[str, dict
         yield where, obj
 
 
-def _json_file(f: io.BufferedReader[HashingReader], path: Path, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+def _json_file(f: io.BufferedReader, path: Path, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
     head = f.peek(4096)[:4096].lstrip()  # peek: the bytes stay in the stream, read (and hashed) once
     if not head.startswith(b"["):
         yield from _json_lines(f, path, rows)
@@ -252,22 +278,42 @@ def file_rows(
     path: Path, source: SourceConfig, rows: Rows, read: list[FileRead]
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """The rows of one file; once they are all out, what was read of it is appended to `read`."""
-    kind = FORMATS[path.suffix.lower()]
+    kind = format_of(path)
     if kind == "parquet":
         yield from _parquet_rows(path, source, rows, read)
         return
-    with io.BufferedReader(HashingReader(path), CHUNK_BYTES) as f:
-        if kind == "jsonl":
-            yield from _json_lines(f, path, rows)
-        elif kind == "json":
-            yield from _json_file(f, path, rows)
-        elif kind == "txt":
-            yield from _txt_rows(f, path, source, rows)
-        elif f.peek(1):  # pyarrow refuses an empty CSV; it has no rows, as an empty .jsonl has none
-            yield from _table_rows(path, f, kind, source, rows)
-        # Every reader above reads to the end; had one stopped early, the digest would not match
-        # and convert would refuse to publish rather than trust it.
-        read.append(f.raw.digest.of(path))
+    codec = codec_of(path, read_head(path))
+    if codec is not None and codec_of_name(path) is None:
+        log.info("%s: its bytes are %s-compressed: reading it decompressed", path, codec)
+    with contextlib.ExitStack() as stack:
+        raw = stack.enter_context(HashingReader(path))
+        stream: Any = raw if codec is None else stack.enter_context(decompressing(raw, codec))
+        f = stack.enter_context(io.BufferedReader(stream, CHUNK_BYTES))
+        try:
+            yield from _stream_rows(f, kind, path, source, rows)
+        except decompress_errors() as err:
+            if codec is None:
+                raise
+            raise corrupt(path, codec, err) from None
+        # Every reader reads to the end of what it parses; had one stopped early, the digest would
+        # not match and convert would refuse to publish rather than trust it. A decompressor may
+        # stop at the end of its last frame: the bytes after it are read and hashed too.
+        while raw.read(CHUNK_BYTES):
+            pass
+        read.append(raw.digest.of(path))
+
+
+def _stream_rows(
+    f: io.BufferedReader, kind: str, path: Path, source: SourceConfig, rows: Rows
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    if kind == "jsonl":
+        yield from _json_lines(f, path, rows)
+    elif kind == "json":
+        yield from _json_file(f, path, rows)
+    elif kind == "txt":
+        yield from _txt_rows(f, path, source, rows)
+    elif f.peek(1):  # pyarrow refuses an empty CSV; it has no rows, as an empty .jsonl has none
+        yield from _table_rows(path, f, kind, source, rows)
 
 
 def _parquet_rows(

@@ -1,0 +1,288 @@
+"""Compressed sources: which codec a file is in, and a stream of its decompressed bytes.
+
+A codec is chosen by the name's last extension (`.gz`, `.zst`, `.bz2`, `.xz`; the one before it is
+the format: `shard.jsonl.zst`) and confirmed by the file's first bytes, its magic number. A file
+whose bytes are compressed under a plain name (a gzip file named `.jsonl`) is read as what its
+bytes are; a name that promises a codec the bytes do not have is an error naming both. Every magic
+number here but bzip2's starts with a byte that no UTF-8 text starts with, so no text file is
+mistaken for a compressed one; bzip2's is checked over its first ten bytes (block or end marker).
+
+Decompression streams: the compressed bytes pass through the caller's hashing reader (so the
+fingerprint and the hash-as-read are of the compressed file, as stored) and are decompressed in
+chunks; nothing is written to disk. Decompressors: `zstandard` for zstd (the reference C library;
+frames one after another, a truncated file is an error); `isal` for gzip (Intel ISA-L's inflate,
+faster than the standard library's zlib: see benchmarks/compressed.py; multi-member files
+included); the standard library's `bz2` and `lzma`.
+"""
+
+from __future__ import annotations
+
+import bz2
+import io
+import lzma
+import queue
+import threading
+import zlib
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from moai.errors import DataError
+
+CODECS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bzip2", ".xz": "xz"}
+# the command that tests a file of each codec, for the fix in an error message
+_TEST_COMMAND = {"gzip": "gzip -t", "zstd": "zstd -t", "bzip2": "bzip2 -t", "xz": "xz -t"}
+HEAD_BYTES = 16
+
+
+def codec_of_name(path: Path) -> str | None:
+    """The codec the file's name promises (`shard.jsonl.zst` → zstd), or None."""
+    return CODECS.get(path.suffix.lower())
+
+
+def format_suffix(path: Path) -> str:
+    """The extension that names the format: `.jsonl` for both `shard.jsonl` and `shard.jsonl.zst`."""
+    if codec_of_name(path) is not None:
+        return Path(path.stem).suffix.lower()
+    return path.suffix.lower()
+
+
+def sniff(head: bytes) -> str | None:
+    """The codec the first bytes of a file are in, by magic number; None for anything else."""
+    if head.startswith(b"\x1f\x8b\x08"):
+        return "gzip"
+    # a zstd frame, or a skippable frame (pzstd writes one first): 0x184D2A50-5F, little-endian
+    if head.startswith(b"\x28\xb5\x2f\xfd") or (
+        len(head) >= 4 and 0x50 <= head[0] <= 0x5F and head[1:4] == b"\x2a\x4d\x18"
+    ):
+        return "zstd"
+    if head.startswith(b"\xfd7zXZ\x00"):
+        return "xz"
+    # "BZh", the block size 1-9, then a block's magic (pi) or the end of stream (sqrt(pi)) of an empty one
+    if head[:3] == b"BZh" and head[3:4].isdigit() and head[3:4] != b"0" and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
+        return "bzip2"
+    return None
+
+
+# Binary formats moai does not decompress, by magic number: named, with what to do, instead of
+# an "invalid UTF-8" at the first line.
+OTHER_FORMATS = {
+    b"PK\x03\x04": ("a zip archive", "unzip it and point source.path at the files inside"),
+    b"7z\xbc\xaf\x27\x1c": ("a 7-Zip archive", "extract it and point source.path at the files inside"),
+    b"\x04\x22\x4d\x18": ("lz4 data", "recompress it with zstd (lz4 -dc FILE | zstd -o FILE.zst)"),
+    b"\xff\x06\x00\x00sNaPpY": ("framed snappy data", "recompress it with zstd or gzip"),
+    b"PAR1": ("a parquet file", "name it .parquet"),
+}
+
+
+def codec_of(path: Path, head: bytes) -> str | None:
+    """The codec to read `path` with: its bytes' (by magic number) when they have one, checked
+    against the one its name promises; an empty file is read as it is (it has no rows)."""
+    named, found = codec_of_name(path), sniff(head)
+    for magic, (what, fix) in OTHER_FORMATS.items():
+        if found is None and head.startswith(magic):
+            raise DataError(f"{path}: its bytes are {what} (first bytes {head[:6].hex(' ')}), not text: {fix}")
+    if named is not None and head and found != named:
+        what = f"{found} data" if found else "not compressed (or not in a format moai reads)"
+        raise DataError(
+            f"{path}: named {path.suffix} ({named}) but its bytes are {what}, first bytes {head[:6].hex(' ')}; "
+            f"rename it to match its content{f' ({Path(path.stem).name}{_suffix(found)})' if found else ''} "
+            "or recompress it"
+        )
+    return found
+
+
+def _suffix(codec: str) -> str:
+    return next(s for s, c in CODECS.items() if c == codec)
+
+
+def read_head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(HEAD_BYTES)
+
+
+def decompressing(raw: Any, codec: str) -> BinaryIO:
+    """A file object of `raw`'s decompressed bytes; reading it reads `raw` front to back, in chunks.
+    The caller closes `raw` (the decompressor leaves it open)."""
+    inner: Any
+    if codec == "zstd":
+        inner = _ZstdStream(raw)
+    elif codec == "gzip":
+        from isal import igzip
+
+        inner = igzip.IGzipFile(fileobj=raw, mode="rb")
+    elif codec == "bzip2":
+        inner = bz2.BZ2File(raw, "rb")
+    else:
+        assert codec == "xz", codec
+        inner = lzma.LZMAFile(raw, "rb")  # noqa: SIM115 (closed by the _ReadAhead that owns it)
+    return _ReadAhead(inner)  # type: ignore[return-value]
+
+
+class _ReadAhead(io.RawIOBase):
+    """Decompresses (and hashes) in a thread while the caller parses what came out before.
+
+    Every decompressor here releases the GIL while it works, and so does xxhash on large
+    buffers, so decompression overlaps JSON parsing on a second core: on a 42 MB corpus of large
+    documents (benchmarks/compressed.py) convert of the .jsonl.zst went from ~0.79x to ~0.9x the
+    plain file's speed. At most DEPTH blocks wait: memory stays bounded whatever the file's size.
+    """
+
+    DEPTH = 4
+    BLOCK = 1 << 22
+
+    def __init__(self, inner: Any):
+        super().__init__()
+        self._inner = inner
+        self._queue: queue.Queue[bytes | BaseException] = queue.Queue(self.DEPTH)
+        self._stop = threading.Event()
+        self._out = memoryview(b"")
+        self._done = False
+        self._thread = threading.Thread(target=self._produce, name="moai-decompress", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        try:
+            while not self._stop.is_set():
+                block = self._inner.read(self.BLOCK)
+                self._put(block)  # b"": the end
+                if not block:
+                    return
+        except BaseException as err:  # raised again in the reading thread, where it can be named
+            self._put(err)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out:
+            if self._done:
+                return 0
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            if not item:
+                self._done = True
+                self._thread.join()  # the producer is done with the compressed stream: the caller may read on
+                return 0
+            self._out = memoryview(item)
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stop.set()
+            self._thread.join()
+            self._inner.close()
+        super().close()
+
+
+class _ZstdStream(io.RawIOBase):
+    """zstd frames one after another (pzstd, concatenated shards, skippable frames) as one stream.
+
+    Not `zstandard`'s `stream_reader`: it ends quietly where a truncated file ends, so a cut shard
+    would read as a shorter one (or a malformed last line). Here a file that ends inside a frame
+    raises `EOFError`, as gzip, bz2 and xz do.
+    """
+
+    READ_BYTES = 1 << 18  # compressed bytes per step: what one step decompresses stays tens of MB
+
+    def __init__(self, raw: Any):
+        import zstandard
+
+        super().__init__()
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._frame = self._dctx.decompressobj()
+        self._in_frame = False  # bytes were fed since the last frame ended
+        self._out = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out:
+            chunk = self._raw.read(self.READ_BYTES)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("the file ends inside a zstd frame")
+                return 0
+            self._out = memoryview(self._decompress(chunk))
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _decompress(self, chunk: bytes) -> bytes:
+        parts = []
+        while chunk:
+            parts.append(self._frame.decompress(chunk))
+            self._in_frame = True
+            if not self._frame.eof:
+                break
+            chunk = self._frame.unused_data  # the next frame starts in this chunk
+            self._frame = self._dctx.decompressobj()
+            self._in_frame = False
+        return b"".join(parts)
+
+
+def decompress_errors() -> tuple[type[BaseException], ...]:
+    """What the decompressors raise on truncated or corrupt data."""
+    import zstandard
+    from isal import igzip, isal_zlib
+
+    isal_error: type[BaseException] = isal_zlib.error  # type: ignore[assignment]  # a class; the stubs say instance
+    return (EOFError, OSError, zlib.error, lzma.LZMAError, zstandard.ZstdError, igzip.BadGzipFile, isal_error)
+
+
+def corrupt(path: Path, codec: str, err: BaseException) -> DataError:
+    return DataError(
+        f"{path}: cannot decompress its {codec} data ({type(err).__name__}: {err}): the file is truncated or "
+        f"corrupt; check it with `{_TEST_COMMAND[codec]} {path}` and replace it"
+    )
+
+
+SAMPLE_BYTES = 1 << 20
+
+
+def text_bytes(paths: list[Path]) -> int:
+    """The bytes of text the files hold, for plan's estimates: a compressed file counts its size
+    times the ratio measured on the first MiB of the first compressed file (not every shard's
+    bytes are read before the run; shards of one corpus compress alike)."""
+    total, ratio = 0, None
+    for p in paths:
+        size = p.stat().st_size
+        codec = codec_of_name(p) or sniff(read_head(p))
+        if codec is None:
+            total += size
+            continue
+        if ratio is None:
+            ratio = _ratio(p, codec)
+        total += int(size * ratio)
+    return total
+
+
+def _ratio(path: Path, codec: str) -> float:
+    """Decompressed over compressed bytes of the file's first MiB (1.0 if it cannot be read)."""
+    with open(path, "rb") as f:
+        head = io.BytesIO(f.read(SAMPLE_BYTES))
+    out = 0
+    errors: tuple[type[BaseException], ...] = (*decompress_errors(), ValueError)
+    try:
+        with decompressing(head, codec) as d:
+            while chunk := d.read(1 << 20):
+                out += len(chunk)
+    except errors:
+        pass  # the sample ends inside a block: what came out until there is the measure
+    used = head.tell()
+    return out / used if out and used else 1.0
