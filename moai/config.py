@@ -48,7 +48,16 @@ class _Model(BaseModel):
 class SourceConfig(_Model):
     """Where the raw documents come from: local files (`path`) or a hub dataset (`hub`)."""
 
-    path: str | None = Field(None, description="Local files, glob allowed: jsonl, json, parquet, csv, txt.")
+    path: str | None = Field(
+        None,
+        description="Local files or an fsspec URL (s3://bucket/prefix/*.jsonl.zst), glob allowed: jsonl, json, "
+        "parquet, csv, txt; the text formats also .gz, .zst, .bz2, .xz.",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="For a URL path: the filesystem's options (endpoint_url, anon, profile, region_name); "
+        "credentials come from the environment, never from here.",
+    )
     hub: str | None = Field(None, description="A Hugging Face hub dataset name, e.g. 'nvidia/OpenCodeGeneticInstruct'.")
     split: str = "train"
     subset: str | None = None
@@ -75,6 +84,15 @@ class SourceConfig(_Model):
     def _one_source_one_text(self) -> SourceConfig:
         if (self.path is None) == (self.hub is None):
             raise ValueError("set exactly one of source.path (local files) or source.hub (a hub dataset)")
+        from moai.remote import secret_keys
+
+        secrets = secret_keys(self.storage_options, "source.storage_options")
+        if secrets:
+            raise ValueError(
+                f"{secrets[0]}: credentials do not go in a config (it is copied into run records); set them in "
+                "the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE; "
+                "GOOGLE_APPLICATION_CREDENTIALS; HF_TOKEN) or name a profile with storage_options.profile"
+            )
         if self.format == "chat" and self.text_template is not None:
             raise ValueError("source.format chat reads source.messages_field; source.text_template is for format text")
         if self.text_field is not None and self.text_template is not None:

@@ -24,9 +24,12 @@ import queue
 import threading
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from moai.errors import DataError
+from moai.remote import RemoteObject
+
+SourceFile = Path | RemoteObject  # a local file, or an object a URL names (str() is its URL)
 
 CODECS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bzip2", ".xz": "xz"}
 # the command that tests a file of each codec, for the fix in an error message
@@ -34,12 +37,12 @@ _TEST_COMMAND = {"gzip": "gzip -t", "zstd": "zstd -t", "bzip2": "bzip2 -t", "xz"
 HEAD_BYTES = 16
 
 
-def codec_of_name(path: Path) -> str | None:
+def codec_of_name(path: SourceFile) -> str | None:
     """The codec the file's name promises (`shard.jsonl.zst` → zstd), or None."""
     return CODECS.get(path.suffix.lower())
 
 
-def format_suffix(path: Path) -> str:
+def format_suffix(path: SourceFile) -> str:
     """The extension that names the format: `.jsonl` for both `shard.jsonl` and `shard.jsonl.zst`."""
     if codec_of_name(path) is not None:
         return Path(path.stem).suffix.lower()
@@ -74,7 +77,7 @@ OTHER_FORMATS = {
 }
 
 
-def codec_of(path: Path, head: bytes) -> str | None:
+def codec_of(path: SourceFile, head: bytes) -> str | None:
     """The codec to read `path` with: its bytes' (by magic number) when they have one, checked
     against the one its name promises; an empty file is read as it is (it has no rows)."""
     named, found = codec_of_name(path), sniff(head)
@@ -100,7 +103,7 @@ def read_head(path: Path) -> bytes:
         return f.read(HEAD_BYTES)
 
 
-def decompressing(raw: Any, codec: str) -> BinaryIO:
+def decompressing(raw: Any, codec: str) -> io.RawIOBase:
     """A file object of `raw`'s decompressed bytes; reading it reads `raw` front to back, in chunks.
     The caller closes `raw` (the decompressor leaves it open)."""
     inner: Any
@@ -115,7 +118,7 @@ def decompressing(raw: Any, codec: str) -> BinaryIO:
     else:
         assert codec == "xz", codec
         inner = lzma.LZMAFile(raw, "rb")  # noqa: SIM115 (closed by the _ReadAhead that owns it)
-    return _ReadAhead(inner)  # type: ignore[return-value]
+    return _ReadAhead(inner)
 
 
 class _ReadAhead(io.RawIOBase):
@@ -245,7 +248,7 @@ def decompress_errors() -> tuple[type[BaseException], ...]:
     return (EOFError, OSError, zlib.error, lzma.LZMAError, zstandard.ZstdError, igzip.BadGzipFile, isal_error)
 
 
-def corrupt(path: Path, codec: str, err: BaseException) -> DataError:
+def corrupt(path: SourceFile, codec: str, err: BaseException) -> DataError:
     return DataError(
         f"{path}: cannot decompress its {codec} data ({type(err).__name__}: {err}): the file is truncated or "
         f"corrupt; check it with `{_TEST_COMMAND[codec]} {path}` and replace it"
@@ -255,14 +258,16 @@ def corrupt(path: Path, codec: str, err: BaseException) -> DataError:
 SAMPLE_BYTES = 1 << 20
 
 
-def text_bytes(paths: list[Path]) -> int:
+def text_bytes(paths: list[SourceFile]) -> int:
     """The bytes of text the files hold, for plan's estimates: a compressed file counts its size
     times the ratio measured on the first MiB of the first compressed file (not every shard's
     bytes are read before the run; shards of one corpus compress alike)."""
     total, ratio = 0, None
     for p in paths:
-        size = p.stat().st_size
-        codec = codec_of_name(p) or sniff(read_head(p))
+        if isinstance(p, RemoteObject):  # its listing's size; by name only (no request per object)
+            size, codec = p.size, codec_of_name(p)
+        else:
+            size, codec = p.stat().st_size, codec_of_name(p) or sniff(read_head(p))
         if codec is None:
             total += size
             continue
@@ -272,9 +277,9 @@ def text_bytes(paths: list[Path]) -> int:
     return total
 
 
-def _ratio(path: Path, codec: str) -> float:
+def _ratio(path: SourceFile, codec: str) -> float:
     """Decompressed over compressed bytes of the file's first MiB (1.0 if it cannot be read)."""
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         head = io.BytesIO(f.read(SAMPLE_BYTES))
     out = 0
     errors: tuple[type[BaseException], ...] = (*decompress_errors(), ValueError)
