@@ -84,15 +84,9 @@ class SourceConfig(_Model):
     def _one_source_one_text(self) -> SourceConfig:
         if (self.path is None) == (self.hub is None):
             raise ValueError("set exactly one of source.path (local files) or source.hub (a hub dataset)")
-        from moai.remote import secret_keys
+        from moai.remote import refuse_secrets
 
-        secrets = secret_keys(self.storage_options, "source.storage_options")
-        if secrets:
-            raise ValueError(
-                f"{secrets[0]}: credentials do not go in a config (it is copied into run records); set them in "
-                "the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE; "
-                "GOOGLE_APPLICATION_CREDENTIALS; HF_TOKEN) or name a profile with storage_options.profile"
-            )
+        refuse_secrets(self.storage_options, "source.storage_options")
         if self.format == "chat" and self.text_template is not None:
             raise ValueError("source.format chat reads source.messages_field; source.text_template is for format text")
         if self.text_field is not None and self.text_template is not None:
@@ -380,6 +374,16 @@ class PipelineConfig(_Model):
     """Everything one run needs, from raw source to packed samples."""
 
     cache_dir: str = Field(".moai", description="Where every stage output lives.")
+    remote_cache: str | None = Field(
+        None,
+        description="An fsspec URL (s3://bucket/prefix) that mirrors the store: pulled on a local miss, "
+        "pushed after each publish; machines sharing it share every stage by key.",
+    )
+    remote_cache_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The remote cache's storage options (endpoint_url, profile, anon); credentials come "
+        "from the environment, never from here.",
+    )
     source: SourceConfig | None = Field(None, description="One source (or `sources:` for several).")
     sources: list[NamedSourceConfig] | None = Field(None, description="Several named sources, mixed by weight.")
     mix: MixConfig = MixConfig()
@@ -402,6 +406,11 @@ class PipelineConfig(_Model):
 
     @model_validator(mode="after")
     def _one_kind_of_source(self) -> PipelineConfig:
+        from moai.remote import is_url, refuse_secrets
+
+        refuse_secrets(self.remote_cache_options, "remote_cache_options")
+        if self.remote_cache is not None and not is_url(self.remote_cache):
+            raise ValueError(f"remote_cache {self.remote_cache!r} is not a URL: give one such as s3://bucket/prefix")
         if (self.source is None) == (self.sources is None):
             raise ValueError("set exactly one of source (one source) or sources (a list of named sources)")
         if self.sources is not None:

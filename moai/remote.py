@@ -61,6 +61,18 @@ def secret_keys(options: dict[str, Any], where: str) -> list[str]:
     return found
 
 
+def refuse_secrets(options: dict[str, Any], where: str) -> None:
+    """`ValueError` (a config error) if storage options hold a credential: configs are copied into
+    manifests and run records, so credentials come from the environment or a named profile."""
+    found = secret_keys(options, where)
+    if found:
+        raise ValueError(
+            f"{found[0]}: credentials do not go in a config (it is copied into run records); set them in the "
+            "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS; "
+            f"HF_TOKEN) or name a profile with {where}.profile"
+        )
+
+
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
     """The fsspec filesystem of `url`, with requests that fail in seconds rather than minutes."""
     import fsspec
@@ -68,6 +80,12 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
     protocol = url.split("://", 1)[0]
     options = dict(storage_options or {})
     if protocol in ("s3", "s3a"):
+        # "Found credentials in environment variables.", at INFO, once per client (a stage each):
+        # noise in the stage table; `-v` (DEBUG) still shows it
+        for name in ("aiobotocore.credentials", "botocore.credentials"):
+            quiet = logging.getLogger(name)
+            if quiet.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
+                quiet.setLevel(logging.WARNING)
         config = dict(options.pop("config_kwargs", {}))
         config.setdefault("connect_timeout", 5)
         config.setdefault("retries", {"max_attempts": 2, "mode": "standard"})
