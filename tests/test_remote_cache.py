@@ -166,3 +166,15 @@ def test_credentials_in_remote_cache_options_are_refused(tmp_path):
         parse_config({**cfg, "remote_cache_options": {"key": "AKIA"}})
     with pytest.raises(ValueError, match=r"remote_cache 'b/p' is not a URL"):
         parse_config({**cfg, "remote_cache": "b/p"})
+
+
+def test_doctor_checks_the_remote_cache(tmp_path, corpus, tokenizer_dir, s3_server, s3_bucket):
+    from moai.doctor import evaluate, gather
+
+    good = parse_config(machine(tmp_path, "a", corpus, tokenizer_dir, f"s3://{s3_bucket}/c", s3_server))
+    (check,) = [c for c in evaluate(gather(good)) if c.name == "remote cache"]
+    assert check.status == "pass" and "writable" in check.detail
+    assert s3_server.fs().find(s3_bucket) == []  # the write probe is removed
+    missing = parse_config(machine(tmp_path, "a", corpus, tokenizer_dir, f"s3://gone-{s3_bucket}/c", s3_server))
+    (check,) = [c for c in evaluate(gather(missing)) if c.name == "remote cache"]
+    assert check.status == "fail" and f"the bucket gone-{s3_bucket} does not exist" in check.detail
