@@ -163,3 +163,36 @@ def test_json_of_the_listing_is_stable(tmp_path, s3_server, s3_bucket):
         fs.pipe(f"{s3_bucket}/o/{i}.jsonl", json.dumps({"text": str(i)}).encode() + b"\n")
     source = src(f"s3://{s3_bucket}/o/*.jsonl", s3_server)
     assert texts_of(source, tmp_path / "out") == ["0", "1", "2"]
+
+
+@pytest.fixture
+def http_folder(tmp_path):
+    """A folder served over HTTP on loopback (the standard library's server, in a thread)."""
+    import functools
+    import http.server
+    import threading
+
+    folder = tmp_path / "www"
+    folder.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join(10)
+
+
+def test_an_https_style_url_without_etag_is_fingerprinted_by_its_bytes(tmp_path, http_folder):
+    folder, base = http_folder
+    plain = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200, seed=5)])
+    (folder / "d.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    source = src(f"{base}/d.jsonl.gz")
+    fp = source_fingerprint(source)
+    assert fp == source_fingerprint(src(folder / "d.jsonl.gz"))  # no ETag: the bytes, as for a local file
+    assert texts_of(source, tmp_path / "out") == texts_of(src(plain), tmp_path / "plain")
+    (folder / "d.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes() + b'{"text": "one more"}\n'))
+    with pytest.raises(DataError, match=r"d\.jsonl\.gz changed while convert was reading it"):
+        texts_of(source, tmp_path / "out2", source_fp=fp)

@@ -125,9 +125,10 @@ class _ReadAhead(io.RawIOBase):
     """Decompresses (and hashes) in a thread while the caller parses what came out before.
 
     Every decompressor here releases the GIL while it works, and so does xxhash on large
-    buffers, so decompression overlaps JSON parsing on a second core: on a 42 MB corpus of large
-    documents (benchmarks/compressed.py) convert of the .jsonl.zst went from ~0.79x to ~0.9x the
-    plain file's speed. At most DEPTH blocks wait: memory stays bounded whatever the file's size.
+    buffers, so with a core to spare decompression overlaps JSON parsing instead of adding to it.
+    On the shared 2-core machine this was written on (load 3-5 from other work) the A/B of convert
+    on a 42 MB .jsonl.zst of large documents was within noise: 0.74-1.10x the plain file's speed
+    with the thread, 0.81-1.01x without. At most DEPTH blocks wait: memory stays bounded.
     """
 
     DEPTH = 4
