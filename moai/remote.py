@@ -15,6 +15,7 @@ endpoint is one `MoaiError` line in seconds, naming the URL and the fix.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -73,12 +74,42 @@ def refuse_secrets(options: dict[str, Any], where: str) -> None:
         )
 
 
+_FILESYSTEMS: dict[tuple[str, str, tuple[str | None, ...]], Any] = {}
+# what the client libraries read credentials and endpoints from: a change gives a new client
+_CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "HF_TOKEN",
+)
+
+
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
-    """The fsspec filesystem of `url`, with requests that fail in seconds rather than minutes."""
-    import fsspec
+    """The fsspec filesystem of `url`, with requests that fail in seconds rather than minutes.
+
+    One client per protocol, options and credentials in the environment, kept for the process:
+    an S3 client takes ~0.1-0.2 s to set up, and a run asks for one per stage and per source.
+    """
+    import json
 
     protocol = url.split("://", 1)[0]
-    options = dict(storage_options or {})
+    cache_key = (
+        protocol,
+        json.dumps(storage_options or {}, sort_keys=True, default=str),
+        tuple(os.environ.get(v) for v in _CREDENTIAL_VARIABLES),
+    )
+    if cache_key not in _FILESYSTEMS:
+        _FILESYSTEMS[cache_key] = _new_filesystem(url, protocol, dict(storage_options or {}))
+    return _FILESYSTEMS[cache_key]
+
+
+def _new_filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
+    import fsspec
+
     if protocol in ("s3", "s3a"):
         # "Found credentials in environment variables.", at INFO, once per client (a stage each):
         # noise in the stage table; `-v` (DEBUG) still shows it
@@ -86,6 +117,9 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
             quiet = logging.getLogger(name)
             if quiet.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
                 quiet.setLevel(logging.WARNING)
+        # listings are read fresh: a cached one would hide an object changed since (its ETag), or
+        # another machine's upload to the remote cache, from this long-lived client
+        options.setdefault("use_listings_cache", False)
         config = dict(options.pop("config_kwargs", {}))
         config.setdefault("connect_timeout", 5)
         config.setdefault("retries", {"max_attempts": 2, "mode": "standard"})

@@ -13,6 +13,7 @@ from conftest import config_dict, make_texts, moai_cli, store_files, write_jsonl
 from moai import pipeline
 from moai.config import parse_config
 from moai.errors import CacheError, MoaiError
+from moai.remote import _new_filesystem
 from moai.remote_cache import RemoteCache, remote_of
 
 pytestmark = pytest.mark.slow  # a real S3 server (started once a session)
@@ -67,6 +68,8 @@ def test_a_server_killed_mid_upload_leaves_nothing_visible_and_a_rerun_uploads(
     pipeline.walk(local, until="convert")
     (entry,) = [p for p in (tmp_path / "a" / "convert").iterdir() if not p.name.startswith(".")]
     remote = RemoteCache(url, {"endpoint_url": s3_server.endpoint})
+    # a client of its own to inject the fault into (moai keeps one client per endpoint for the process)
+    remote.fs = _new_filesystem(url, "s3", {"endpoint_url": s3_server.endpoint})
     put_file = remote.fs.put_file
     calls = []
 
