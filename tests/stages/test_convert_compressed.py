@@ -183,3 +183,27 @@ def test_plan_accepts_compressed_shards_and_estimates_their_text(tmp_path):
     # the estimate is of the text, within 10%, not of the ~100x smaller compressed file
     assert abs(facts.corpus_bytes - len(text)) < 0.1 * len(text)
     assert text_bytes([shard]) == facts.corpus_bytes
+
+
+def test_a_zstd_stream_cut_anywhere_is_an_error_and_whole_it_is_read():
+    """Frames with and without checksums and content sizes, an RLE block, a skippable frame: the
+    whole stream reads back; cut at any byte, it raises what convert names as truncated."""
+    import io
+
+    from moai.stages.convert.compressed import decompress_errors, decompressing
+
+    texts = [b"a" * 3000, b"plain words, not repeated: 1 2 3 4 5 6 7 8 9", b""]
+    frames = [
+        zstandard.ZstdCompressor(write_checksum=True).compress(texts[0]),  # an RLE block
+        b"\x5a\x2a\x4d\x18" + (5).to_bytes(4, "little") + b"skip!",  # a skippable frame
+        zstandard.ZstdCompressor(write_content_size=False).compress(texts[1]),
+        zstandard.ZstdCompressor().compress(texts[2]),
+    ]
+    whole = b"".join(frames)
+    assert decompressing(io.BytesIO(whole), "zstd").read() == b"".join(texts)
+    frame_ends = {sum(len(f) for f in frames[: i + 1]) for i in range(len(frames))}
+    for cut in range(1, len(whole)):
+        if cut in frame_ends:  # a stream of whole frames is a shorter, valid stream
+            continue
+        with pytest.raises(decompress_errors()):
+            decompressing(io.BytesIO(whole[:cut]), "zstd").read()

@@ -20,8 +20,6 @@ from __future__ import annotations
 import bz2
 import io
 import lzma
-import queue
-import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -106,138 +104,129 @@ def read_head(path: Path) -> bytes:
 def decompressing(raw: Any, codec: str) -> io.RawIOBase:
     """A file object of `raw`'s decompressed bytes; reading it reads `raw` front to back, in chunks.
     The caller closes `raw` (the decompressor leaves it open)."""
-    inner: Any
+    # Decompression is not moved to a thread of its own: on the shared 2-core machine this was
+    # measured on (load ~5), a read-ahead thread made convert of a 42 MB .jsonl.zst slower, 0.73x
+    # the plain file's speed against 0.81x without it (benchmarks/compressed.py's corpus, best of 7).
     if codec == "zstd":
-        inner = _ZstdStream(raw)
-    elif codec == "gzip":
+        return _ZstdStream(raw)
+    if codec == "gzip":
         from isal import igzip
 
-        inner = igzip.IGzipFile(fileobj=raw, mode="rb")
-    elif codec == "bzip2":
-        inner = bz2.BZ2File(raw, "rb")
-    else:
-        assert codec == "xz", codec
-        inner = lzma.LZMAFile(raw, "rb")  # noqa: SIM115 (closed by the _ReadAhead that owns it)
-    return _ReadAhead(inner)
-
-
-class _ReadAhead(io.RawIOBase):
-    """Decompresses (and hashes) in a thread while the caller parses what came out before.
-
-    Every decompressor here releases the GIL while it works, and so does xxhash on large
-    buffers, so with a core to spare decompression overlaps JSON parsing instead of adding to it.
-    On the shared 2-core machine this was written on (load 3-5 from other work) the A/B of convert
-    on a 42 MB .jsonl.zst of large documents was within noise: 0.74-1.10x the plain file's speed
-    with the thread, 0.81-1.01x without. At most DEPTH blocks wait: memory stays bounded.
-    """
-
-    DEPTH = 4
-    BLOCK = 1 << 22
-
-    def __init__(self, inner: Any):
-        super().__init__()
-        self._inner = inner
-        self._queue: queue.Queue[bytes | BaseException] = queue.Queue(self.DEPTH)
-        self._stop = threading.Event()
-        self._out = memoryview(b"")
-        self._done = False
-        self._thread = threading.Thread(target=self._produce, name="moai-decompress", daemon=True)
-        self._thread.start()
-
-    def _produce(self) -> None:
-        try:
-            while not self._stop.is_set():
-                block = self._inner.read(self.BLOCK)
-                self._put(block)  # b"": the end
-                if not block:
-                    return
-        except BaseException as err:  # raised again in the reading thread, where it can be named
-            self._put(err)
-
-    def _put(self, item: bytes | BaseException) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._out:
-            if self._done:
-                return 0
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                self._done = True
-                raise item
-            if not item:
-                self._done = True
-                self._thread.join()  # the producer is done with the compressed stream: the caller may read on
-                return 0
-            self._out = memoryview(item)
-        n = min(len(buffer), len(self._out))
-        buffer[:n] = self._out[:n]
-        self._out = self._out[n:]
-        return n
-
-    def close(self) -> None:
-        if not self.closed:
-            self._stop.set()
-            self._thread.join()
-            self._inner.close()
-        super().close()
+        return igzip.IGzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if codec == "bzip2":
+        return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
+    assert codec == "xz", codec
+    return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
 
 
 class _ZstdStream(io.RawIOBase):
     """zstd frames one after another (pzstd, concatenated shards, skippable frames) as one stream.
 
-    Not `zstandard`'s `stream_reader`: it ends quietly where a truncated file ends, so a cut shard
-    would read as a shorter one (or a malformed last line). Here a file that ends inside a frame
-    raises `EOFError`, as gzip, bz2 and xz do.
+    `zstandard`'s `stream_reader` decompresses, straight into the caller's buffer (~1.2x the speed of
+    a `decompressobj` loop here), but ends quietly where a truncated file ends, so a cut shard would
+    read as a shorter one. `_ZstdFrames` walks the frame and block headers of the compressed bytes
+    as the reader takes them (a few hundred headers for a 10 MB file): a file that ends inside a
+    frame raises `EOFError`, as gzip, bz2 and xz do.
     """
-
-    READ_BYTES = 1 << 18  # compressed bytes per step: what one step decompresses stays tens of MB
 
     def __init__(self, raw: Any):
         import zstandard
 
         super().__init__()
-        self._raw = raw
-        self._dctx = zstandard.ZstdDecompressor()
-        self._frame = self._dctx.decompressobj()
-        self._in_frame = False  # bytes were fed since the last frame ended
-        self._out = memoryview(b"")
+        self._frames = _ZstdFrames()
+        walked = _Walked(raw, self._frames)
+        self._reader = zstandard.ZstdDecompressor().stream_reader(
+            walked,  # type: ignore[arg-type]
+            read_across_frames=True,
+            closefd=False,
+        )
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while not self._out:
-            chunk = self._raw.read(self.READ_BYTES)
-            if not chunk:
-                if self._in_frame:
-                    raise EOFError("the file ends inside a zstd frame")
-                return 0
-            self._out = memoryview(self._decompress(chunk))
-        n = min(len(buffer), len(self._out))
-        buffer[:n] = self._out[:n]
-        self._out = self._out[n:]
+        n = self._reader.readinto(buffer)
+        if n == 0 and not self._frames.complete:
+            raise EOFError("the file ends inside a zstd frame")
         return n
 
-    def _decompress(self, chunk: bytes) -> bytes:
-        parts = []
-        while chunk:
-            parts.append(self._frame.decompress(chunk))
-            self._in_frame = True
-            if not self._frame.eof:
-                break
-            chunk = self._frame.unused_data  # the next frame starts in this chunk
-            self._frame = self._dctx.decompressobj()
-            self._in_frame = False
-        return b"".join(parts)
+
+class _Walked(io.RawIOBase):
+    """The compressed bytes as the decompressor reads them, shown to the frame walker on the way."""
+
+    def __init__(self, raw: Any, frames: _ZstdFrames):
+        super().__init__()
+        self._raw, self._frames = raw, frames
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._raw.readinto(buffer)
+        if n:
+            self._frames.feed(memoryview(buffer)[:n])
+        return n
+
+
+class _ZstdFrames:
+    """Where a zstd stream stands, from its headers alone (RFC 8878): whether it ends between frames.
+
+    A frame is its magic number, a header whose length its first byte gives, blocks (a 3-byte
+    header: last-block flag, type, size; an RLE block holds 1 byte) and, if flagged, a 4-byte
+    checksum; a skippable frame is its magic number, a 4-byte length and that many bytes.
+    """
+
+    def __init__(self) -> None:
+        self._state = "magic"  # the header being read: magic, skippable (its length), frame, block
+        self._want = 4  # its length in bytes
+        self._buf = bytearray()
+        self._skip = 0  # bytes to pass over before the next header (block contents, frame header)
+        self._checksum = False
+
+    @property
+    def complete(self) -> bool:
+        return self._state == "magic" and not self._buf and not self._skip
+
+    def feed(self, data: memoryview) -> None:
+        i, n = 0, len(data)
+        while i < n and self._state != "unknown":
+            if self._skip:
+                step = min(self._skip, n - i)
+                self._skip -= step
+                i += step
+                continue
+            take = min(self._want - len(self._buf), n - i)
+            self._buf += data[i : i + take]
+            i += take
+            if len(self._buf) == self._want:
+                self._header(bytes(self._buf))
+                self._buf.clear()
+
+    def _header(self, h: bytes) -> None:
+        if self._state == "magic":
+            magic = int.from_bytes(h, "little")
+            if magic == 0xFD2FB528:
+                self._state, self._want = "frame", 1
+            elif magic & 0xFFFFFFF0 == 0x184D2A50:
+                self._state, self._want = "skippable", 4
+            else:
+                self._state = "unknown"  # not zstd: the decompressor says so, naming the error
+        elif self._state == "skippable":
+            self._skip, self._state, self._want = int.from_bytes(h, "little"), "magic", 4
+        elif self._state == "frame":
+            d = h[0]
+            single_segment = d >> 5 & 1
+            content_size = (single_segment, 2, 4, 8)[d >> 6]
+            self._checksum = bool(d >> 2 & 1)
+            self._skip = (1 - single_segment) + (0, 1, 2, 4)[d & 3] + content_size
+            self._state, self._want = "block", 3
+        else:
+            b = int.from_bytes(h, "little")
+            last, kind, size = b & 1, b >> 1 & 3, b >> 3
+            self._skip = 1 if kind == 1 else size
+            if last:
+                self._skip += 4 if self._checksum else 0
+                self._state, self._want = "magic", 4
 
 
 def decompress_errors() -> tuple[type[BaseException], ...]:
