@@ -19,6 +19,7 @@
     moai cache list [CONFIG | CACHE_DIR]
                            entries (stage, key, size, age, config), leftovers, stray locks
     moai cache prune [CONFIG | CACHE_DIR] [--keep CONFIG]... [--older-than 30d] [--dry-run]
+    moai cache push CONFIG | moai cache pull CONFIG [--all] | moai cache list CONFIG --remote
                            remove leftovers; with --keep/--older-than, entries too
 
 CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
@@ -266,8 +267,39 @@ def _cache_verify_cmd(args: argparse.Namespace) -> int:
 def _cache_list_cmd(args: argparse.Namespace) -> int:
     from moai.cache import list_lines, scan
 
+    if args.remote:
+        return _cache_remote_cmd(args)
     for line in list_lines(scan(_cache_dir_of(args))):
         print(line)
+    return 0
+
+
+def _cache_remote_cmd(args: argparse.Namespace) -> int:
+    """`moai cache push|pull CONFIG`, `moai cache list CONFIG --remote`: the config's remote_cache."""
+    from pathlib import Path
+
+    from moai import remote_cache
+
+    if args.target is None or Path(args.target).is_dir():
+        raise ConfigError(f"moai cache {args.cache_command} works on a config's remote_cache: give the config file")
+    config = resolve_config(args.target)
+    remote = remote_cache.remote_of(config)
+    if remote is None:
+        raise ConfigError(f"{args.target} sets no remote_cache: add remote_cache: s3://bucket/prefix to it")
+    root = Path(config.cache_dir)
+    if args.cache_command == "push":
+        done, there = remote_cache.push_all(root, remote)
+        print(f"{done} entries uploaded to {remote.url}, {there} already there")
+    elif args.cache_command == "pull":
+        from moai.cache import needed_keys
+
+        done, there = remote_cache.pull_all(root, remote, None if args.all else needed_keys(config))
+        print(f"{done} entries pulled from {remote.url} into {root}, {there} already here")
+    else:
+        entries = remote.entries()
+        for e in entries:
+            print(f"{e.stage:<12} {e.key}  {e.url}")
+        print(f"{len(entries)} entries in {remote.url}")
     return 0
 
 
@@ -482,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _add_parser(sub, "doctor", help="check this machine's set-up; non-zero exit on any failure")
     p.add_argument("config", nargs="?", help="config file or preset to check the tokenizer and plan of")
     p.set_defaults(func=_doctor_cmd)
-    p = _add_parser(sub, "cache", help="look after the cache: moai cache verify | list | prune")
+    p = _add_parser(sub, "cache", help="look after the cache: moai cache verify | list | prune | push | pull")
     cache_sub = p.add_subparsers(dest="cache_command", required=True)
     target_help = "a config file or preset (its cache_dir), or a cache folder; default: .moai"
     p = cache_sub.add_parser(
@@ -499,7 +531,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("target", nargs="?", metavar="CONFIG_OR_CACHE_DIR", help=target_help)
     p.add_argument("--cache-dir", help="the cache folder to list")
+    p.add_argument("--remote", action="store_true", help="list the config's remote_cache instead")
     p.set_defaults(func=_cache_list_cmd)
+    p = cache_sub.add_parser("push", help="upload every local entry the config's remote_cache lacks")
+    p.add_argument("target", metavar="CONFIG", help="the config whose cache_dir and remote_cache to use")
+    p.set_defaults(func=_cache_remote_cmd)
+    p = cache_sub.add_parser("pull", help="download from the config's remote_cache the entries it needs")
+    p.add_argument("target", metavar="CONFIG", help="the config whose cache_dir and remote_cache to use")
+    p.add_argument("--all", action="store_true", help="every entry of the remote, not only those the config needs")
+    p.set_defaults(func=_cache_remote_cmd)
     p = cache_sub.add_parser(
         "prune",
         help="remove leftovers of dead builds and stray locks (default); with --keep/--older-than, entries too; "

@@ -49,7 +49,16 @@ class _Model(BaseModel):
 class SourceConfig(_Model):
     """Where the raw documents come from: local files (`path`) or a hub dataset (`hub`)."""
 
-    path: str | None = Field(None, description="Local files, glob allowed: jsonl, json, parquet, csv, txt.")
+    path: str | None = Field(
+        None,
+        description="Local files or an fsspec URL (s3://bucket/prefix/*.jsonl.zst), glob allowed: jsonl, json, "
+        "parquet, csv, txt; the text formats also .gz, .zst, .bz2, .xz.",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="For a URL path: the filesystem's options (endpoint_url, anon, profile, region_name); "
+        "credentials come from the environment, never from here.",
+    )
     hub: str | None = Field(None, description="A Hugging Face hub dataset name, e.g. 'nvidia/OpenCodeGeneticInstruct'.")
     split: str = "train"
     subset: str | None = None
@@ -76,6 +85,9 @@ class SourceConfig(_Model):
     def _one_source_one_text(self) -> SourceConfig:
         if (self.path is None) == (self.hub is None):
             raise ValueError("set exactly one of source.path (local files) or source.hub (a hub dataset)")
+        from moai.remote import refuse_secrets
+
+        refuse_secrets(self.storage_options, "source.storage_options")
         if self.format == "chat" and self.text_template is not None:
             raise ValueError("source.format chat reads source.messages_field; source.text_template is for format text")
         if self.text_field is not None and self.text_template is not None:
@@ -373,6 +385,16 @@ class PipelineConfig(_Model):
     """Everything one run needs, from raw source to packed samples."""
 
     cache_dir: str = Field(".moai", description="Where every stage output lives.")
+    remote_cache: str | None = Field(
+        None,
+        description="An fsspec URL (s3://bucket/prefix) that mirrors the store: pulled on a local miss, "
+        "pushed after each publish; machines sharing it share every stage by key.",
+    )
+    remote_cache_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The remote cache's storage options (endpoint_url, profile, anon); credentials come "
+        "from the environment, never from here.",
+    )
     source: SourceConfig | None = Field(None, description="One source (or `sources:` for several).")
     sources: list[NamedSourceConfig] | None = Field(None, description="Several named sources, mixed by weight.")
     mix: MixConfig = MixConfig()
@@ -395,6 +417,11 @@ class PipelineConfig(_Model):
 
     @model_validator(mode="after")
     def _one_kind_of_source(self) -> PipelineConfig:
+        from moai.remote import is_url, refuse_secrets
+
+        refuse_secrets(self.remote_cache_options, "remote_cache_options")
+        if self.remote_cache is not None and not is_url(self.remote_cache):
+            raise ValueError(f"remote_cache {self.remote_cache!r} is not a URL: give one such as s3://bucket/prefix")
         if (self.source is None) == (self.sources is None):
             raise ValueError("set exactly one of source (one source) or sources (a list of named sources)")
         if self.sources is not None:

@@ -34,6 +34,8 @@ class Facts:
     prefect_error: str | None = None
     # the config's own checks (`moai.preflight`): source, hub names, cache_dir, space, seq_len, ...
     preflight: list[Check] = field(default_factory=list)
+    remote_cache: str | None = None  # the config's remote_cache URL, if any
+    remote_error: str | None = None  # why it cannot be read and written (None: it can)
 
 
 ENV_VARS = (
@@ -154,6 +156,10 @@ def evaluate(f: Facts) -> list[Check]:
                 "start the server, or unset PREFECT_API_URL to use a temporary one",
             )
         )
+    if f.remote_cache and f.remote_error:
+        out.append(Check("remote cache", "fail", f.remote_error, "fix remote_cache, its bucket or the credentials"))
+    elif f.remote_cache:
+        out.append(Check("remote cache", "pass", f"{f.remote_cache}: reachable, bucket there, writable"))
     return out
 
 
@@ -267,6 +273,15 @@ def gather(config: PipelineConfig | None) -> Facts:
             reachable = httpx.get(api.rstrip("/") + "/health", timeout=5).status_code == 200
         except httpx.HTTPError as err:
             reachable, error = False, f"{type(err).__name__}: {err}"
+    remote_error = None
+    if config is not None and config.remote_cache is not None:
+        from moai.errors import MoaiError
+        from moai.remote_cache import RemoteCache
+
+        try:
+            RemoteCache(config.remote_cache, config.remote_cache_options).check(write=True)
+        except MoaiError as err:
+            remote_error = str(err)
     return Facts(
         hardware=hw,
         plan_summary=summary,
@@ -279,4 +294,6 @@ def gather(config: PipelineConfig | None) -> Facts:
         prefect_reachable=reachable,
         prefect_error=error,
         preflight=checks,
+        remote_cache=config.remote_cache if config is not None else None,
+        remote_error=remote_error,
     )

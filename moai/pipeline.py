@@ -291,7 +291,9 @@ def run_stage(
 ) -> StageResult:
     """Reuse the published output of a stage, or build it once (see `moai.store`)."""
     s = node(config, name).stage
-    store = Store(config.cache_dir, origin=config_origin(config))
+    from moai.remote_cache import remote_of
+
+    store = Store(config.cache_dir, origin=config_origin(config), remote=remote_of(config))
     key = key_of(config, name, inputs)
     cfg, stage_in = stage_inputs(config, name, inputs)
     ups, settings = upstream(config, name, inputs), s.settings(cfg)

@@ -60,7 +60,7 @@ class Facts:
     config: PipelineConfig
     resolved: dict[str, str] = field(default_factory=dict)  # setting → where it was found
     errors: dict[str, MoaiError] = field(default_factory=dict)  # setting → why it cannot be used
-    corpus_bytes: int | None = None  # local source files, summed
+    corpus_bytes: int | None = None  # local source files' text, summed (compressed ones estimated)
     num_files: int = 0
     local_files: dict[str, tuple[int, int]] = field(default_factory=dict)  # source setting → (files, bytes)
     mix_budget: tuple[int | None, str] | None = None  # with sources: the mix's tokens and where they come from
@@ -84,6 +84,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
     the train section out (`moai prepare` does not train)."""
     from moai import hub
     from moai.hardware import detect
+    from moai.stages.convert.compressed import text_bytes
     from moai.stages.convert.readers import source_files
 
     f = Facts(config=config, cache_dir=str(Path(config.cache_dir).expanduser().resolve()))
@@ -93,7 +94,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
                 f.resolved[setting] = hub.resolve(f"{setting}.hub", src.hub, "dataset").where
             else:
                 files = source_files(src)
-                f.local_files[setting] = (len(files), sum(p.stat().st_size for p in files))
+                f.local_files[setting] = (len(files), text_bytes(files))
         except MoaiError as err:
             f.errors[setting] = err if setting == "source" else type(err)(f"{setting}: {err}")
     _cleaning_into(f)
@@ -181,7 +182,10 @@ def _bytes_per_token_into(f: Facts) -> None:
         if setting not in f.local_files or f.local_files[setting][1] == 0:
             continue
         try:
-            rate = sample_bytes_per_token(source_files(src)[0], src, Path(path).expanduser() / "tokenizer.json")
+            first = source_files(src)[0]
+            if not isinstance(first, Path):  # an object in a remote store: the default rate
+                continue
+            rate = sample_bytes_per_token(first, src, Path(path).expanduser() / "tokenizer.json")
         except Exception as err:  # an estimate only: the default rate then
             log.debug("%s: no bytes-per-token sample (%s)", setting, err)
             continue

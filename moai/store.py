@@ -43,11 +43,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
 from moai.errors import CacheError
+
+if TYPE_CHECKING:
+    from moai.remote_cache import RemoteCache
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +102,10 @@ class Published:
 
 
 class Store:
-    def __init__(self, root: str | os.PathLike, origin: str | None = None):
+    def __init__(self, root: str | os.PathLike, origin: str | None = None, remote: RemoteCache | None = None):
         self.root = Path(root).resolve()
         self.origin = origin  # the config file or preset the builds are for, recorded with each use
+        self.remote = remote  # a remote cache: pulled from on a miss, pushed to after a publish (moai.remote_cache)
 
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
@@ -133,7 +137,7 @@ class Store:
         into the manifest together with `manifest` (inputs, settings).
         """
         if self.exists(stage, key):
-            return self._used(self.read(stage, key))
+            return self._used(self._shared(self.read(stage, key)))
         stage_dir = self.root / stage
         try:
             stage_dir.mkdir(parents=True, exist_ok=True)
@@ -151,6 +155,8 @@ class Store:
                     "%s %s: built by another process while waiting (%.1fs)", stage, key, time.perf_counter() - waited
                 )
                 return self._used(self.read(stage, key))
+            if self.remote is not None and self.remote.mirrors(stage) and self.remote.pull(stage_dir, stage, key):
+                return self._used(self.read(stage, key))
             pub = self._build_locked(stage, key, builder, manifest or {})
         finally:
             # Removed while still held, so a finished or interrupted build leaves no lock file: a
@@ -161,7 +167,13 @@ class Store:
                 os.unlink(lock.lock_file)
             lock.release()
         log.info("%s %s: published %s", stage, key, pub.path)
-        return self._used(pub)
+        return self._used(self._shared(pub))
+
+    def _shared(self, pub: Published) -> Published:
+        """Upload a published entry to the remote cache if there is one and it lacks the entry."""
+        if self.remote is not None and self.remote.mirrors(pub.stage):
+            self.remote.push(pub.path, pub.stage, pub.key)
+        return pub
 
     def _build_locked(
         self, stage: str, key: str, builder: Callable[[Path], dict[str, Any]], manifest: dict[str, Any]

@@ -309,3 +309,25 @@ def assert_units_match_local(tmp_path: Path, cache: str, local: dict, result: di
         assert all(a[k] == b[k] for k in a if k.name != "state.json"), stage
     dropped = local["stages"]["dedup"]["dropped"]
     assert result["stages"]["dedup"]["dropped"] == dropped and dropped["exact_duplicate"] > 0
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server (SeaweedFS on loopback, tests/s3_server.py) for the session's S3 tests; stopped by pid."""
+    from s3_server import remove, started_server
+
+    server = started_server()
+    try:
+        yield server
+    finally:
+        remove(server)
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch):
+    """A new bucket on the session's S3 server, with its credentials in the environment (as a user's)."""
+    from s3_server import new_bucket
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return new_bucket(s3_server)

@@ -60,6 +60,8 @@ def test_a_good_machine_passes_everything():
         ),
         ({"prefect_api_url": None}, "prefect api", "warn"),
         ({"prefect_reachable": False, "prefect_error": "ConnectError"}, "prefect api", "fail"),
+        ({"remote_cache": "s3://b/p"}, "remote cache", "pass"),
+        ({"remote_cache": "s3://b/p", "remote_error": "cannot read s3://b/p: access denied"}, "remote cache", "fail"),
     ],
 )
 def test_each_decision(change, name, expected):

@@ -50,8 +50,15 @@ from moai.config import PipelineConfig, SourceConfig, template_fields
 from moai.errors import DataError
 from moai.formats.text import write_text_dataset
 from moai.report import timing
-from moai.stages.convert.fingerprint import FileRead, check_read, digest_file, files_fingerprint, remember
-from moai.stages.convert.readers import FORMATS, Rows, file_rows, hub_rows, load_hub, source_files
+from moai.stages.convert.fingerprint import (
+    FileRead,
+    check_read,
+    digest_file,
+    files_fingerprint,
+    object_entry,
+    remember,
+)
+from moai.stages.convert.readers import FORMATS, Rows, file_rows, format_of, hub_rows, load_hub, source_files
 
 __all__ = ["FORMATS", "NAME", "READS", "VERSION", "build", "convert", "settings", "source_files", "source_fingerprint"]
 
@@ -69,7 +76,9 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
     # text sources leave the chat settings out, so their keys stay as they were before chat data; the
     # chat template is tokenize's (its text is in tokenize's key), so changing it re-runs tokenize only
     chat = {"format", "messages_field"} if config.source.format == "text" else set()
-    return config.source.model_dump(exclude={"path", "hub", "split", "subset", "chat_template", *chat})
+    # storage_options say how to reach the files, not what they hold (the fingerprint says that)
+    exclude = {"path", "hub", "split", "subset", "chat_template", "storage_options", *chat}
+    return config.source.model_dump(exclude=exclude)
 
 
 def build(ctx, out: Path) -> dict[str, Any]:
@@ -89,7 +98,7 @@ def source_fingerprint(source: SourceConfig) -> str:
     if source.hub is not None:
         ds = load_hub(source.hub, source.subset, source.split, source.trust_remote_code)
         return f"hub:{source.hub}:{ds._fingerprint}"
-    files = [digest_file(p) for p in source_files(source)]
+    files = [digest_file(p) if isinstance(p, Path) else object_entry(p) for p in source_files(source)]
     fingerprint = files_fingerprint(files)
     remember(source.path, fingerprint, files)
     return fingerprint
@@ -333,7 +342,7 @@ def _no_rows(f: FileRead) -> str:
     """Why a file that was read gave no row, in words."""
     if f.size == 0:
         return "the file is empty"
-    kind = FORMATS[Path(f.path).suffix.lower()]
+    kind = format_of(Path(f.path))
     return {
         "csv": "a header and no rows",
         "parquet": "the table has 0 rows",

@@ -16,23 +16,33 @@ from typing import Any, NamedTuple
 
 from moai.config import SourceConfig
 from moai.errors import DataError
+from moai.remote import RemoteObject, explain
 
 CHUNK_BYTES = 1 << 22
 
 
 class Digest:
     """xxh3-128 and length of one file's bytes, fed in file order: the same code hashes a file for
-    the fingerprint and while convert reads it, so the two can only differ if the bytes do."""
+    the fingerprint and while convert reads it, so the two can only differ if the bytes do. With
+    `md5`, the MD5 too: what an S3 ETag of a single-part upload is, checked against the listing."""
 
-    def __init__(self) -> None:
+    def __init__(self, md5: bool = False) -> None:
+        import hashlib
+
         import xxhash
 
         self._hash = xxhash.xxh3_128()
+        self.md5 = hashlib.md5(usedforsecurity=False) if md5 else None
         self.size = 0
 
     def update(self, chunk: bytes | memoryview) -> None:
         self._hash.update(chunk)
+        if self.md5 is not None:
+            self.md5.update(chunk)
         self.size += len(chunk)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
 
     def of(self, path: Path) -> FileRead:
         return FileRead(str(path), path.name, self.size, self._hash.hexdigest())
@@ -84,10 +94,17 @@ class HashingReader(io.RawIOBase):
     """A file read once front to back, hashing its bytes as they pass: the digest is of exactly
     the bytes convert parsed, whatever happens to the file meanwhile."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path | RemoteObject):
         super().__init__()
-        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (the reader owns it: closed by close())
-        self.digest = Digest()
+        if isinstance(path, Path):
+            self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (the reader owns it: closed by close())
+            self.digest = Digest()
+        else:
+            try:
+                self._file = path.open("rb")
+            except Exception as err:
+                raise explain(path.url, err) from None
+            self.digest = Digest(md5=path.md5() is not None)
 
     def readable(self) -> bool:
         return True
@@ -99,13 +116,41 @@ class HashingReader(io.RawIOBase):
         return n
 
     def readall(self) -> bytes:
-        data = self._file.readall()
+        data = self._file.read()
         self.digest.update(data)
         return data
 
     def close(self) -> None:
         self._file.close()
         super().close()
+
+
+def object_read(obj: RemoteObject, digest: Digest) -> FileRead:
+    """What was read of a remote object, as its listing described it (the fingerprint is the
+    listing's: size and ETag), once the bytes read are known to be that object's: as many bytes as
+    listed, their MD5 the ETag when the ETag is an MD5, and otherwise the ETag unchanged after reading."""
+    if obj.version is None:  # nothing in the listing to go by: the fingerprint hashed the bytes
+        return FileRead(obj.url, obj.name, digest.size, digest.hexdigest())
+    expected = obj.md5()
+    same = digest.size == obj.size and (
+        digest.md5.hexdigest() == expected if expected is not None and digest.md5 is not None else obj.current() == obj
+    )
+    if not same:
+        raise DataError(changed_file(obj.url))
+    return object_entry(obj)
+
+
+def object_entry(obj: RemoteObject) -> FileRead:
+    """A remote object's entry in the fingerprint: its listing's size and version (ETag); for a
+    store whose listing gives no version (some https servers), a hash of its bytes, read once."""
+    if obj.version is not None:
+        return FileRead(obj.url, obj.name, obj.size, f"version:{obj.version}")
+    digest = Digest()
+    with HashingReader(obj) as f:
+        while f.read(CHUNK_BYTES):
+            pass
+        digest = f.digest
+    return FileRead(obj.url, obj.name, digest.size, digest.hexdigest())
 
 
 def stat_of(path: Path) -> tuple[int, int, int]:

@@ -6,6 +6,7 @@ Sequentially read files go through `HashingReader`, so what was parsed is what i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import io
@@ -21,41 +22,78 @@ import orjson
 
 from moai.config import SourceConfig, template_fields
 from moai.errors import DataError
+from moai.remote import is_url, list_objects
+from moai.stages.convert.compressed import (
+    CODECS,
+    HEAD_BYTES,
+    SourceFile,
+    codec_of,
+    codec_of_name,
+    corrupt,
+    decompress_errors,
+    decompressing,
+    format_suffix,
+)
 from moai.stages.convert.fingerprint import (
     CHUNK_BYTES,
     FileRead,
     HashingReader,
     changed_file,
     digest_file,
+    object_entry,
+    object_read,
     stat_of,
 )
 
 log = logging.getLogger(__name__)
 
+
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "txt"}
 
 
-def source_files(source: SourceConfig) -> list[Path]:
-    """The local files `source.path` names, sorted; a clear error if it names none we can read.
+def source_files(source: SourceConfig) -> list[SourceFile]:
+    """The files `source.path` names, sorted; a clear error if it names none we can read.
 
-    An existing file is taken as named before the path is read as a glob: `data[1].jsonl` is that
-    file, not `data1.jsonl`.
+    A URL (`s3://bucket/prefix/*.jsonl.zst`) is listed through fsspec (`moai.remote`). A local
+    file that exists is taken as named before the path is read as a glob: `data[1].jsonl` is
+    that file, not `data1.jsonl`.
     """
-    assert source.path is not None, "source_files is for a local source (source.path)"
-    literal = Path(source.path).expanduser()
-    if literal.is_file():
-        matches = [literal]
+    assert source.path is not None, "source_files is for a source of files (source.path)"
+    matches: list[SourceFile]
+    if is_url(source.path):
+        matches = list(list_objects(source.path, source.storage_options))
+        where = ""
     else:
-        matches = sorted(Path(p) for p in glob.glob(str(literal), recursive=True) if Path(p).is_file())
+        literal = Path(source.path).expanduser()
+        if literal.is_file():
+            matches = [literal]
+        else:
+            matches = [*sorted(Path(p) for p in glob.glob(str(literal), recursive=True) if Path(p).is_file())]
+        where = f" (working directory: {Path.cwd()})"
     if not matches:
-        raise DataError(f"source.path {source.path!r} matches no files (working directory: {Path.cwd()})")
-    unknown = [p for p in matches if p.suffix.lower() not in FORMATS]
-    if unknown:
-        raise DataError(
-            f"source.path {source.path!r}: cannot read {unknown[0]} (extension {unknown[0].suffix!r}); "
-            f"supported: {', '.join(sorted(FORMATS))}"
-        )
+        raise DataError(f"source.path {source.path!r} matches no files{where}")
+    for p in matches:
+        _check_name(source, p)
     return matches
+
+
+def format_of(path: SourceFile) -> str:
+    """The format of a file that `source_files` accepted: `jsonl` for `a.jsonl` and `a.jsonl.zst`."""
+    return FORMATS[format_suffix(path)]
+
+
+def _check_name(source: SourceConfig, path: SourceFile) -> None:
+    suffix = format_suffix(path)
+    if suffix not in FORMATS:
+        raise DataError(
+            f"source.path {source.path!r}: cannot read {path} (extension {path.suffix!r}); "
+            f"supported: {', '.join(sorted(FORMATS))}, text formats also compressed ({', '.join(CODECS)})"
+        )
+    if FORMATS[suffix] == "parquet" and codec_of_name(path) is not None:
+        raise DataError(
+            f"source.path {source.path!r}: {path} is a compressed parquet file; parquet compresses its own "
+            "columns: decompress it to .parquet (or write it with parquet's compression= setting)"
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -115,7 +153,7 @@ def _loads(line: str) -> Any:
         return json.loads(line)
 
 
-def _json_lines(f: BinaryIO, path: Path, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+def _json_lines(f: BinaryIO, path: SourceFile, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
     for lineno, raw in enumerate(f, 1):
         where = f"{path}:{lineno}"
         try:
@@ -138,7 +176,7 @@ def _json_lines(f: BinaryIO, path: Path, rows: Rows) -> Iterator[tuple[str, dict
         yield where, obj
 
 
-def _json_file(f: io.BufferedReader[HashingReader], path: Path, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+def _json_file(f: io.BufferedReader[Any], path: SourceFile, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
     head = f.peek(4096)[:4096].lstrip()  # peek: the bytes stay in the stream, read (and hashed) once
     if not head.startswith(b"["):
         yield from _json_lines(f, path, rows)
@@ -160,7 +198,7 @@ def _json_file(f: io.BufferedReader[HashingReader], path: Path, rows: Rows) -> I
         yield where, obj
 
 
-def _arrow_batches(path: Path, data: Path | BinaryIO, kind: str, columns: list[str] | None):
+def _arrow_batches(path: SourceFile, data: Path | BinaryIO, kind: str, columns: list[str] | None):
     """Record batches of `data`: the parquet file's path (read by random access) or the CSV's stream."""
     import pyarrow as pa
 
@@ -194,7 +232,7 @@ def _arrow_batches(path: Path, data: Path | BinaryIO, kind: str, columns: list[s
         raise DataError(f"{path}: cannot read as {kind}{hint}: {msg}") from None
 
 
-def _check_columns(path: Path, names: list[str], needed: list[str] | None) -> None:
+def _check_columns(path: SourceFile, names: list[str], needed: list[str] | None) -> None:
     missing = [c for c in needed or [] if c not in names]
     if missing:
         raise DataError(f"{path}: no column(s) {missing}; columns here: {names}; {COLUMN_FIX}")
@@ -208,7 +246,7 @@ def needed_fields(source: SourceConfig) -> list[str]:
 
 
 def _table_rows(
-    path: Path, data: Path | BinaryIO, kind: str, source: SourceConfig, rows: Rows
+    path: SourceFile, data: Path | BinaryIO, kind: str, source: SourceConfig, rows: Rows
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     first = 0
     for batch in _arrow_batches(path, data, kind, needed_fields(source)):
@@ -250,7 +288,7 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
-def _txt_rows(f: BinaryIO, path: Path, source: SourceConfig, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
+def _txt_rows(f: BinaryIO, path: SourceFile, source: SourceConfig, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
     data = f.read()
     try:
         text = data.decode("utf-8")
@@ -271,32 +309,65 @@ def _txt_rows(f: BinaryIO, path: Path, source: SourceConfig, rows: Rows) -> Iter
 
 
 def file_rows(
-    path: Path, source: SourceConfig, rows: Rows, read: list[FileRead]
+    path: SourceFile, source: SourceConfig, rows: Rows, read: list[FileRead]
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """The rows of one file; once they are all out, what was read of it is appended to `read`."""
-    kind = FORMATS[path.suffix.lower()]
+    kind = format_of(path)
     if kind == "parquet":
         yield from _parquet_rows(path, source, rows, read)
         return
-    with io.BufferedReader(HashingReader(path), CHUNK_BYTES) as f:
-        if kind == "jsonl":
-            yield from _json_lines(f, path, rows)
-        elif kind == "json":
-            yield from _json_file(f, path, rows)
-        elif kind == "txt":
-            yield from _txt_rows(f, path, source, rows)
-        elif f.peek(1):  # pyarrow refuses an empty CSV; it has no rows, as an empty .jsonl has none
-            yield from _table_rows(path, f, kind, source, rows)
-        # Every reader above reads to the end; had one stopped early, the digest would not match
-        # and convert would refuse to publish rather than trust it.
-        read.append(f.raw.digest.of(path))
+    with contextlib.ExitStack() as stack:
+        raw = stack.enter_context(HashingReader(path))
+        # peekable compressed bytes: the magic number is looked at without a second read of the file
+        stored = stack.enter_context(io.BufferedReader(raw, CHUNK_BYTES))
+        codec = codec_of(path, stored.peek(HEAD_BYTES)[:HEAD_BYTES])
+        if codec is not None and codec_of_name(path) is None:
+            log.info("%s: its bytes are %s-compressed: reading it decompressed", path, codec)
+        f = (
+            stored
+            if codec is None
+            else stack.enter_context(io.BufferedReader(decompressing(stored, codec), CHUNK_BYTES))
+        )
+        try:
+            yield from _stream_rows(f, kind, path, source, rows)
+        except decompress_errors() as err:
+            if codec is None:
+                raise
+            raise corrupt(path, codec, err) from None
+        # Every reader reads to the end of what it parses; had one stopped early, the digest would
+        # not match and convert would refuse to publish rather than trust it. A decompressor may
+        # stop at the end of its last frame: the bytes after it are read and hashed too.
+        while stored.read(CHUNK_BYTES):
+            pass
+        read.append(raw.digest.of(path) if isinstance(path, Path) else object_read(path, raw.digest))
+
+
+def _stream_rows(
+    f: io.BufferedReader[Any], kind: str, path: SourceFile, source: SourceConfig, rows: Rows
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    if kind == "jsonl":
+        yield from _json_lines(f, path, rows)
+    elif kind == "json":
+        yield from _json_file(f, path, rows)
+    elif kind == "txt":
+        yield from _txt_rows(f, path, source, rows)
+    elif f.peek(1):  # pyarrow refuses an empty CSV; it has no rows, as an empty .jsonl has none
+        yield from _table_rows(path, f, kind, source, rows)
 
 
 def _parquet_rows(
-    path: Path, source: SourceConfig, rows: Rows, read: list[FileRead]
+    path: SourceFile, source: SourceConfig, rows: Rows, read: list[FileRead]
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     # Parquet is read by random access, so its bytes cannot be hashed as they pass: hash the file
-    # again after reading it, and make sure it was neither written nor replaced in between.
+    # again after reading it, and make sure it was neither written nor replaced in between (a
+    # remote object: its listing's ETag and size, unchanged after reading).
+    if not isinstance(path, Path):
+        with path.open("rb") as f:
+            yield from _table_rows(path, f, "parquet", source, rows)
+        if path.current() != path:
+            raise DataError(changed_file(path.url))
+        read.append(object_entry(path))
+        return
     before = stat_of(path)
     yield from _table_rows(path, path, "parquet", source, rows)
     after = digest_file(path)

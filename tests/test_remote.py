@@ -1,0 +1,198 @@
+"""Sources in object storage, against a real S3 server (SeaweedFS on loopback, tests/s3_server.py):
+the same documents and tokens as the local files, fingerprints from the listing, a changed object
+refused, credentials only from the environment and never written down, and failures in seconds."""
+
+import gzip
+import json
+import re
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+import zstandard
+
+from conftest import config_dict, make_texts, moai_cli, store_files, write_jsonl
+from moai.config import parse_config
+from moai.errors import DataError, MoaiError
+from moai.formats.text import open_text
+from moai.remote import is_url, secret_keys
+from moai.stages.convert import convert, source_files, source_fingerprint
+
+pytestmark = pytest.mark.slow  # a real S3 server (started once a session)
+
+
+def shards(tmp_path, n=3, per=400):
+    """n plain .jsonl shards of real-looking text, and the same shards compressed (zst, gz)."""
+    texts = make_texts(n * per, seed=11)
+    plain = []
+    for i in range(n):
+        plain.append(
+            write_jsonl(tmp_path / "plain" / f"s{i}.jsonl", [{"text": t} for t in texts[i * per : (i + 1) * per]])
+        )
+    return plain
+
+
+def upload(s3_server, bucket, files, prefix, compress=None):
+    fs = s3_server.fs()
+    for f in files:
+        data = f.read_bytes()
+        name = f.name
+        if compress == "zst":
+            data, name = zstandard.ZstdCompressor().compress(data), name + ".zst"
+        elif compress == "gz":
+            data, name = gzip.compress(data), name + ".gz"
+        fs.pipe(f"{bucket}/{prefix}/{name}", data)
+
+
+def src(path, s3_server=None, **kw):
+    options = {"storage_options": {"endpoint_url": s3_server.endpoint}} if s3_server else {}
+    return parse_config({"source": {"path": str(path), **options, **kw}, "tokenizer": {"path": "t"}}).source
+
+
+def texts_of(source, out, source_fp=None):
+    out.mkdir()
+    fp = source_fingerprint(source) if source_fp is None else source_fp
+    convert(source, out, source_fp=fp, writer_batch_size=100, max_shard_size="1MB")
+    return open_text(out)["text"]
+
+
+def test_a_glob_of_compressed_shards_in_s3_gives_the_local_documents(tmp_path, s3_server, s3_bucket):
+    plain = shards(tmp_path)
+    upload(s3_server, s3_bucket, plain, "zst", compress="zst")
+    upload(s3_server, s3_bucket, plain, "gz", compress="gz")
+    local = texts_of(src(tmp_path / "plain" / "*.jsonl"), tmp_path / "local")
+    for codec in ("zst", "gz"):
+        remote = src(f"s3://{s3_bucket}/{codec}/*.jsonl.{codec}", s3_server)
+        assert [str(o) for o in source_files(remote)] == [
+            f"s3://{s3_bucket}/{codec}/s{i}.jsonl.{codec}" for i in range(3)
+        ]
+        assert texts_of(remote, tmp_path / f"out-{codec}") == local
+
+
+def test_parquet_in_s3(tmp_path, s3_server, s3_bucket):
+    texts = make_texts(300, seed=4)
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=50)
+    s3_server.fs().put_file(str(tmp_path / "t.parquet"), f"{s3_bucket}/p/t.parquet")
+    assert texts_of(src(f"s3://{s3_bucket}/p/*.parquet", s3_server), tmp_path / "out") == texts
+
+
+def test_the_fingerprint_is_the_listings_and_an_object_changed_before_reading_is_refused(
+    tmp_path, s3_server, s3_bucket
+):
+    fs = s3_server.fs()
+    fs.pipe(f"{s3_bucket}/c/a.jsonl", b'{"text": "before"}\n')
+    source = src(f"s3://{s3_bucket}/c/a.jsonl", s3_server)
+    fp = source_fingerprint(source)
+    assert fp == source_fingerprint(source)  # listed again, unchanged: the same key
+    fs.pipe(f"{s3_bucket}/c/a.jsonl", b'{"text": "after!"}\n')  # same size, other bytes and ETag
+    assert source_fingerprint(source) != fp
+    with pytest.raises(DataError, match=rf"s3://{s3_bucket}/c/a\.jsonl changed while convert was reading it"):
+        texts_of(source, tmp_path / "out", source_fp=fp)
+
+
+def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3_server, s3_bucket, tokenizer_dir):
+    plain = shards(tmp_path)
+    upload(s3_server, s3_bucket, plain, "corpus", compress="zst")
+    tok = {"path": str(tokenizer_dir)}
+    local_cfg = config_dict(tmp_path, tmp_path / "plain" / "*.jsonl", tok, cache_dir=str(tmp_path / "local"))
+    remote_cfg = config_dict(tmp_path, f"s3://{s3_bucket}/corpus/*.jsonl.zst", tok, cache_dir=str(tmp_path / "remote"))
+    remote_cfg["source"]["storage_options"] = {"endpoint_url": s3_server.endpoint}
+    outputs = []
+    for name, cfg in (("local", local_cfg), ("remote", remote_cfg)):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        run = moai_cli("prepare", f"{name}.yaml", "-v", cwd=tmp_path, env=s3_server.env())
+        assert run.returncode == 0, run.stderr[-3000:]
+        outputs.append(run.stdout + run.stderr)
+    local_tokens = sorted(store_files(tmp_path / "local" / "tokenize").values())
+    assert len(local_tokens) > 1 and local_tokens == sorted(store_files(tmp_path / "remote" / "tokenize").values())
+    secret = s3_server.secret.encode()
+    written = [p for p in (tmp_path / "remote").rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert written == [] and s3_server.secret not in outputs[1]
+    assert s3_server.secret not in (tmp_path / "remote.yaml").read_text()
+
+
+def test_credentials_in_a_config_are_refused():
+    with pytest.raises(ValueError, match=r"source\.storage_options\.secret: credentials do not go in a config"):
+        parse_config(
+            {"source": {"path": "s3://b/x.jsonl", "storage_options": {"secret": "s"}}, "tokenizer": {"path": "t"}}
+        )
+    assert secret_keys({"client_kwargs": {"aws_secret_access_key": "s"}}, "o") == [
+        "o.client_kwargs.aws_secret_access_key"
+    ]
+    assert is_url("s3://b/k") and is_url("gs://b/k") and not is_url("/data/x.jsonl") and not is_url("file:///x")
+
+
+def one_line_in_seconds(source, match):
+    started = time.monotonic()
+    with pytest.raises(MoaiError, match=match) as info:
+        source_files(source)
+    assert time.monotonic() - started < 15
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def test_wrong_credentials_a_missing_bucket_and_no_server_are_one_line_in_seconds(s3_server, s3_bucket, monkeypatch):
+    s3_server.fs().pipe(f"{s3_bucket}/k/a.jsonl", b'{"text": "x"}\n')
+    url = f"s3://{s3_bucket}/k/*.jsonl"
+    assert len(source_files(src(url, s3_server))) == 1
+    one_line_in_seconds(
+        src(f"s3://no-such-bucket-{s3_bucket}/k/a.jsonl", s3_server), r"bucket does not exist: create it"
+    )
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    denied = rf"cannot read {re.escape(url)}: access denied .*check the credentials"
+    line = one_line_in_seconds(src(url, s3_server), denied)
+    assert "wrong" not in line
+    from s3_server import _free_ports
+
+    (closed,) = _free_ports(1)
+    gone = parse_config(
+        {
+            "source": {"path": url, "storage_options": {"endpoint_url": f"http://127.0.0.1:{closed}"}},
+            "tokenizer": {"path": "t"},
+        }
+    ).source
+    one_line_in_seconds(gone, r"cannot reach the endpoint .*check storage_options\.endpoint_url")
+
+
+def test_json_of_the_listing_is_stable(tmp_path, s3_server, s3_bucket):
+    """Two listings of the same objects give the same fingerprint, whatever order the server lists."""
+    fs = s3_server.fs()
+    for i in (2, 0, 1):
+        fs.pipe(f"{s3_bucket}/o/{i}.jsonl", json.dumps({"text": str(i)}).encode() + b"\n")
+    source = src(f"s3://{s3_bucket}/o/*.jsonl", s3_server)
+    assert texts_of(source, tmp_path / "out") == ["0", "1", "2"]
+
+
+@pytest.fixture
+def http_folder(tmp_path):
+    """A folder served over HTTP on loopback (the standard library's server, in a thread)."""
+    import functools
+    import http.server
+    import threading
+
+    folder = tmp_path / "www"
+    folder.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join(10)
+
+
+def test_an_https_style_url_without_etag_is_fingerprinted_by_its_bytes(tmp_path, http_folder):
+    folder, base = http_folder
+    plain = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200, seed=5)])
+    (folder / "d.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    source = src(f"{base}/d.jsonl.gz")
+    fp = source_fingerprint(source)
+    assert fp == source_fingerprint(src(folder / "d.jsonl.gz"))  # no ETag: the bytes, as for a local file
+    assert texts_of(source, tmp_path / "out") == texts_of(src(plain), tmp_path / "plain")
+    (folder / "d.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes() + b'{"text": "one more"}\n'))
+    with pytest.raises(DataError, match=r"d\.jsonl\.gz changed while convert was reading it"):
+        texts_of(source, tmp_path / "out2", source_fp=fp)
