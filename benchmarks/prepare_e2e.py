@@ -15,6 +15,8 @@ load on a shared machine falls on all of them alike); peak RSS is the largest pr
   timed, all cores): fastokens `encode_batch_flat`, gigatoken's native `encode_batch` (arrays) and
   its HF-compatible call, tiktoken (the tokenizer.json translated, when it can be), `tokenizers`
   `encode_batch_fast`, and transformers' own `tokenizer(texts)`;
+- with `--datatrove`: datatrove's `DocumentTokenizer` (its `tokenizers` batch encode and token
+  files; its `.metadata` files give the token count) over the same texts, one task per core;
 - gigatoken `encode_files` over the JSONL itself (the call Megatron-LM's
   `tools/preprocess_data_fast.py` makes: JSON parsing in Rust, no BOS, nothing checked);
 - with `--old-way`: `datasets.map` with the transformers tokenizer (`benchmarks/tokenize.py`).
@@ -99,6 +101,44 @@ def run_raw(kind: str, saved: Path, tokenizer: Path) -> dict:
     return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb}
 
 
+def run_datatrove(saved: Path, tokenizer: Path, work: Path) -> dict:
+    """datatrove's DocumentTokenizer (its `tokenizers` batch encode + writing its token files) over
+    the same texts, as JSONL with a text field (written before timing), on all cores."""
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.tokens import DocumentTokenizer
+    from transformers import AutoTokenizer
+
+    texts = _texts(saved)
+    cores = os.cpu_count() or 1
+    data = work / "datatrove-in"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    for k in range(cores):  # one file a task
+        with open(data / f"part-{k}.jsonl", "w") as f:
+            for t in texts[k::cores]:
+                f.write(json.dumps({"text": t}) + "\n")
+    eos = AutoTokenizer.from_pretrained(str(tokenizer)).eos_token
+    started = time.perf_counter()
+    LocalPipelineExecutor(
+        [
+            JsonlReader(str(data)),
+            DocumentTokenizer(
+                str(work / "datatrove-out"), tokenizer_name_or_path=str(tokenizer / "tokenizer.json"), eos_token=eos
+            ),
+        ],
+        tasks=cores,
+        workers=cores,
+        logging_dir=str(work / "datatrove-logs"),
+    ).run()
+    seconds = time.perf_counter() - started
+    # each task's .metadata file: "tokenizer|token size", then its token count
+    tokens = sum(int(p.read_text().splitlines()[1]) for p in (work / "datatrove-out").glob("*.metadata"))
+    shutil.rmtree(work / "datatrove-out", ignore_errors=True)
+    shutil.rmtree(work / "datatrove-logs", ignore_errors=True)
+    return {"seconds": seconds, "tokens": tokens, "mb": sum(len(t.encode()) for t in texts) / 1e6}
+
+
 def run_encode_files(corpus: Path, tokenizer: Path) -> dict:
     import awkward as ak
     import gigatoken
@@ -171,6 +211,7 @@ def main() -> None:
     parser.add_argument("--raw", nargs="*", default=RAW, help="raw engines to run")
     parser.add_argument("--quarter", action="store_true", help="moai on the first quarter of the lines too (RSS)")
     parser.add_argument("--encode-files", action="store_true", help="gigatoken encode_files on the JSONL")
+    parser.add_argument("--datatrove", action="store_true", help="datatrove's DocumentTokenizer on the texts")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)  # internal: one contender in this process
     args = parser.parse_args()
@@ -181,6 +222,8 @@ def main() -> None:
             r = run_moai(args.corpus, args.tokenizer, args.text_template, args.seq_len, Path(rest[0]))
         elif kind == "encode-files":
             r = run_encode_files(args.corpus, args.tokenizer)
+        elif kind == "datatrove":
+            r = run_datatrove(Path(rest[0]), args.tokenizer, Path(rest[1]))
         else:
             r = run_raw(kind, Path(rest[0]), args.tokenizer)
         r.setdefault("peak_rss_mb", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
@@ -211,6 +254,8 @@ def main() -> None:
             contenders += [(k, [*base, "--run", k, str(saved)]) for k in args.raw]
             if args.encode_files:
                 contenders.append(("gigatoken encode_files (JSONL)", [*base, "--run", "encode-files"]))
+            if args.datatrove:
+                contenders.append(("datatrove DocumentTokenizer", [*base, "--run", "datatrove", str(saved), str(work)]))
             for name, argv in contenders:
                 (work / "moai").mkdir(exist_ok=True)
                 (work / "moai-q").mkdir(exist_ok=True)
