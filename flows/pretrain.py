@@ -38,6 +38,7 @@ from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan
 from moai.pipeline import Inputs, StageResult, launch_training, summary
 from moai.presets import resolve_config, tiny
+from moai.stages.tokenize import reference
 
 
 @dataclass
@@ -232,7 +233,8 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
         overview(artifacts.overview_markdown(done, config, plan))
         return result
 
-    results = pipeline.walk(config, run, root_values=fingerprint_task(config))
+    with reference.prefetch(config):  # transformers loads the given tokenizer meanwhile, in its own process
+        results = pipeline.walk(config, run, root_values=fingerprint_task(config))
     out = summary(results)
     if config.train is not None and config.train.enabled:
         out["train"] = train_task(config, out)

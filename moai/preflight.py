@@ -424,7 +424,7 @@ def sample_bytes_per_token(path: Path, src: SourceConfig, tokenizer_json: Path, 
         return None
     import json
 
-    from tokenizers import Tokenizer
+    from moai.stages.tokenizer import rust_tokenizer_file
 
     with open(path, "rb") as f:
         head = f.read(limit)
@@ -443,9 +443,7 @@ def sample_bytes_per_token(path: Path, src: SourceConfig, tokenizer_json: Path, 
             texts.append(text)
     if not texts:
         return None
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    tok.no_truncation()
-    tok.no_padding()
+    tok = rust_tokenizer_file(tokenizer_json)
     tokens = sum(len(e.ids) for e in tok.encode_batch(texts)) + len(texts)  # + the EOS of each document
     return used / tokens
 

@@ -15,6 +15,7 @@ weights without re-tokenizing).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -142,6 +143,24 @@ class TokenizerInfo:
     trust_remote_code: bool = False  # how that folder must be loaded (tokenizer.trust_remote_code)
 
 
+@functools.lru_cache(maxsize=2)
+def _rust_tokenizer_file(path: str, mtime_ns: int, size: int):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(path)
+    tok.no_truncation()  # as transformers runs it
+    tok.no_padding()
+    return tok
+
+
+def rust_tokenizer_file(file: Path):
+    """`tokenizers.Tokenizer.from_file`, loaded once per file version for the checks before a run
+    (the folder check and the bytes-per-token sample both need it; a 131k vocabulary takes ~1 s),
+    without truncation or padding. Shared: encode with it, do not change it."""
+    st = file.stat()
+    return _rust_tokenizer_file(str(file), st.st_mtime_ns, st.st_size)
+
+
 def check_folder(name_or_path: str, path: Path, load: bool = True) -> None:
     """A local tokenizer folder holds a tokenizer.json (that the Rust `tokenizers` library loads,
     with `load`): a `TokenizerError` naming the folder and the fix otherwise. Cheap (no transformers)."""
@@ -156,10 +175,8 @@ def check_folder(name_or_path: str, path: Path, load: bool = True) -> None:
             "where `tokenizers` can convert it, or use tokenizer.train to train one."
         )
     if load:
-        from tokenizers import Tokenizer
-
         try:
-            Tokenizer.from_file(str(file))
+            rust_tokenizer_file(file)
         except Exception as err:  # the Rust library's parse errors: a damaged or foreign file
             raise TokenizerError(
                 f"tokenizer.path {name_or_path!r}: {file} cannot be loaded by `tokenizers` ({err}); "
