@@ -17,8 +17,9 @@ load on a shared machine falls on all of them alike); peak RSS is the largest pr
   `encode_batch_fast`, and transformers' own `tokenizer(texts)`;
 - with `--datatrove`: datatrove's `DocumentTokenizer` (its `tokenizers` batch encode and token
   files; its `.metadata` files give the token count) over the same texts, one task per core;
-- gigatoken `encode_files` over the JSONL itself (the call Megatron-LM's
-  `tools/preprocess_data_fast.py` makes: JSON parsing in Rust, no BOS, nothing checked);
+- with `--encode-files`: gigatoken `encode_files` over a JSONL of the same texts in a "text"
+  field (the call Megatron-LM's `tools/preprocess_data_fast.py` makes: JSON parsing in Rust, no
+  BOS, nothing checked; MB/s of that JSONL);
 - with `--old-way`: `datasets.map` with the transformers tokenizer (`benchmarks/tokenize.py`).
 
 "tokenize × fastest" is the tokenize stage's MB/s over the fastest raw engine's MB/s on the same
@@ -139,15 +140,16 @@ def run_datatrove(saved: Path, tokenizer: Path, work: Path) -> dict:
     return {"seconds": seconds, "tokens": tokens, "mb": sum(len(t.encode()) for t in texts) / 1e6}
 
 
-def run_encode_files(corpus: Path, tokenizer: Path) -> dict:
+def run_encode_files(texts_jsonl: Path, tokenizer: Path) -> dict:
+    """gigatoken `encode_files` over a JSONL of the same texts in a "text" field (JSON parsing in Rust)."""
     import awkward as ak
     import gigatoken
 
     g = gigatoken.Tokenizer(str(tokenizer))
     started = time.perf_counter()
-    arr = g.encode_files(str(corpus))
+    arr = g.encode_files(gigatoken.JsonlFileSource([str(texts_jsonl)], field="text"))
     tokens = int(ak.sum(ak.num(arr, axis=1)))
-    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": corpus.stat().st_size / 1e6}
+    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": texts_jsonl.stat().st_size / 1e6}
 
 
 def run_moai(corpus: Path, tokenizer: Path, template: str | None, seq_len: int, work: Path) -> dict:
@@ -221,7 +223,7 @@ def main() -> None:
         if kind == "moai":
             r = run_moai(args.corpus, args.tokenizer, args.text_template, args.seq_len, Path(rest[0]))
         elif kind == "encode-files":
-            r = run_encode_files(args.corpus, args.tokenizer)
+            r = run_encode_files(Path(rest[0]), args.tokenizer)
         elif kind == "datatrove":
             r = run_datatrove(Path(rest[0]), args.tokenizer, Path(rest[1]))
         else:
@@ -253,7 +255,12 @@ def main() -> None:
                 contenders.append(("moai (quarter)", [*qbase, "--run", "moai", str(work / "moai-q")]))
             contenders += [(k, [*base, "--run", k, str(saved)]) for k in args.raw]
             if args.encode_files:
-                contenders.append(("gigatoken encode_files (JSONL)", [*base, "--run", "encode-files"]))
+                texts_jsonl = work / "texts.jsonl"
+                if not texts_jsonl.exists():
+                    with open(texts_jsonl, "w") as f:
+                        for t in _texts(saved):
+                            f.write(json.dumps({"text": t}) + "\n")
+                contenders.append(("gigatoken encode_files", [*base, "--run", "encode-files", str(texts_jsonl)]))
             if args.datatrove:
                 contenders.append(("datatrove DocumentTokenizer", [*base, "--run", "datatrove", str(saved), str(work)]))
             for name, argv in contenders:

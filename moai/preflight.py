@@ -108,6 +108,9 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
     if tokenizer and config.tokenizer.path is not None:
         _resolve_into(f, "tokenizer.path", config.tokenizer.path)
     _bytes_per_token_into(f)
+    from moai.stages.tokenizer import drop_checked_tokenizers
+
+    drop_checked_tokenizers()  # ~230 MB for a 131k vocabulary, not needed past the checks
     t = config.train
     if train and t is not None and t.enabled:
         f.train_checked = True

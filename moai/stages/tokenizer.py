@@ -161,6 +161,11 @@ def rust_tokenizer_file(file: Path):
     return _rust_tokenizer_file(str(file), st.st_mtime_ns, st.st_size)
 
 
+def drop_checked_tokenizers() -> None:
+    """Forget what `rust_tokenizer_file` loaded."""
+    _rust_tokenizer_file.cache_clear()
+
+
 def check_folder(name_or_path: str, path: Path, load: bool = True) -> None:
     """A local tokenizer folder holds a tokenizer.json (that the Rust `tokenizers` library loads,
     with `load`): a `TokenizerError` naming the folder and the fix otherwise. Cheap (no transformers)."""
@@ -214,7 +219,13 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
 # One tokenizer loaded by transformers per process, by folder content: the tokenizer and tokenize
 # stages load the same files (the build folder, then the published one) up to three times.
 _loaded: dict[tuple[bool, str], Any] = {}
-_STORE_FILES = {"_manifest.json", ".uses.jsonl"}  # written by the store beside the tokenizer's files
+
+
+def store_files() -> set[str]:
+    """The files the store writes beside a published tokenizer's own (not the tokenizer's content)."""
+    from moai.store import MANIFEST, MANIFEST_DIGEST, USES
+
+    return {MANIFEST, MANIFEST_DIGEST, USES}
 
 
 def loaded_tokenizer(path: str, trust_remote_code: bool = False):
@@ -226,7 +237,7 @@ def loaded_tokenizer(path: str, trust_remote_code: bool = False):
     folder = Path(path).expanduser()
     if not folder.is_dir() or any(p.is_dir() for p in folder.iterdir()):
         return load_tokenizer(path, trust_remote_code)
-    key = (trust_remote_code, fingerprint_files(sorted(p for p in folder.iterdir() if p.name not in _STORE_FILES)))
+    key = (trust_remote_code, fingerprint_files(sorted(p for p in folder.iterdir() if p.name not in store_files())))
     if key not in _loaded:
         _loaded.clear()
         _loaded[key] = load_tokenizer(path, trust_remote_code)

@@ -248,3 +248,13 @@ def test_tiktoken_hands_the_parts_arrays_with_the_same_ids(tok):
         assert [ids[a:b].tolist() for a, b in itertools.pairwise(offsets)] == enc.encode_batch(texts, True)
     finally:
         tk.clear_encoder()
+
+
+@given(
+    docs=st.lists(st.lists(st.integers(0, 2**32 - 1), max_size=6), max_size=8),
+    prefix=st.lists(st.integers(0, 9), max_size=2),
+    suffix=st.lists(st.integers(0, 9), max_size=2),
+)
+def test_wrap_puts_the_affixes_around_every_document(docs, prefix, suffix):
+    ids, offsets = engines.wrap(engines.flat_of(docs), tuple(prefix), tuple(suffix))
+    assert engines.lists_of((ids, offsets)) == [[*prefix, *d, *suffix] for d in docs]

@@ -45,7 +45,8 @@ def lists_of(flat: Flat) -> list[list[int]]:
 
 
 def wrap(flat: Flat, prefix: tuple[int, ...] = (), suffix: tuple[int, ...] = ()) -> Flat:
-    """Every text's ids with `prefix` before and `suffix` after them, in NumPy (no loop over texts)."""
+    """Every text's ids with `prefix` before and `suffix` after them, in NumPy (no loop over texts):
+    the affixes' slots are marked in a byte mask and the ids poured into the rest in order."""
     ids, offsets = flat
     n, p, s = len(offsets) - 1, len(prefix), len(suffix)
     if n <= 0 or p + s == 0:
@@ -54,15 +55,14 @@ def wrap(flat: Flat, prefix: tuple[int, ...] = (), suffix: tuple[int, ...] = ())
     out_offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths + (p + s), out=out_offsets[1:])
     out = np.empty(int(out_offsets[-1]), dtype=ids.dtype)
-    starts = out_offsets[:-1]
-    moved = np.arange(int(offsets[-1] - offsets[0]), dtype=np.int64) + np.repeat(
-        starts + p - (offsets[:-1] - offsets[0]), lengths
-    )
-    out[moved] = ids[offsets[0] : offsets[-1]]
+    body = np.ones(len(out), dtype=bool)
     for k, t in enumerate(prefix):
-        out[starts + k] = t
+        out[out_offsets[:-1] + k] = t
+        body[out_offsets[:-1] + k] = False
     for k, t in enumerate(suffix):
         out[out_offsets[1:] - s + k] = t
+        body[out_offsets[1:] - s + k] = False
+    out[body] = ids[offsets[0] : offsets[-1]]
     return out, out_offsets
 
 

@@ -204,7 +204,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
                     }
                 )
             r = results[-1]
-            files[0].write(flat.tobytes())
+            files[0].write(memoryview(flat))  # no copy of the ids
             files[1].write((np.cumsum(lengths) + r["num_tokens"]).astype("<i8").tobytes())
             r["num_tokens"] += len(flat)
             r["num_documents"] += len(lengths)

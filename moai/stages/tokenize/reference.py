@@ -35,10 +35,11 @@ log = logging.getLogger("moai.stages.tokenize")
 
 
 def _files_fingerprint(folder: Path) -> str:
-    from moai.stages.tokenizer import _STORE_FILES
+    from moai.stages.tokenizer import store_files
     from moai.store import fingerprint_files
 
-    return fingerprint_files(sorted(p for p in folder.iterdir() if p.is_file() and p.name not in _STORE_FILES))
+    skip = store_files()
+    return fingerprint_files(sorted(p for p in folder.iterdir() if p.is_file() and p.name not in skip))
 
 
 def _serve(conn, folder: str) -> None:
