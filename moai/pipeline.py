@@ -503,8 +503,9 @@ def launch_training(
         return launch.run_launch(cmd, on_line, on_metrics, log_file=log_file)
     except launch.TrainingFailed as err:
         hint = damaged_data_hint(str(err), config.cache_dir, [data.sample_index, data.token_store])
-        if hint is not None:
-            err.args = (f"{err}; {hint}",)  # the same error (its tail and log path), one line longer
+        if hint is not None:  # the same error, one line, the hint before its log path (kept last)
+            head, sep, tail = str(err).rpartition("; full log: ")
+            err.args = (f"{head}; {hint}{sep}{tail}" if sep else f"{err}; {hint}",)
         raise
 
 
