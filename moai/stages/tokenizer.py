@@ -186,7 +186,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
 # One tokenizer loaded by transformers per process, by folder content: the tokenizer and tokenize
 # stages load the same files (the build folder, then the published one) up to three times.
 _loaded: dict[tuple[bool, str], Any] = {}
-_STORE_FILES = {"_manifest.json", ".uses.jsonl"}  # written by the store beside the tokenizer's files
+_STORE_FILES = {"_manifest.json", "_manifest.xxh3", ".uses.jsonl"}  # written by the store beside the tokenizer's files
 
 
 def loaded_tokenizer(path: str, trust_remote_code: bool = False):
