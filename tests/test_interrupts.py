@@ -170,3 +170,32 @@ def test_tokenize_workers_leave_ctrl_c_to_the_main_process(run_config, tmp_path)
         if _group(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and len(err.splitlines()) == 1, err
+
+
+SWALLOWED = """
+import os, signal, sys, time
+from moai import cli
+
+cli._install_handlers()
+
+
+class Slow:
+    def __del__(self):  # the signal arrives while it runs: Python can only print what it raises
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(100_000))
+
+
+try:
+    Slow()
+    time.sleep(5)
+    print("not interrupted")
+except cli.Interrupted as err:
+    print("interrupted", err.signum)
+"""
+
+
+@pytest.mark.slow
+def test_an_interrupt_raised_inside_a_del_still_stops_the_command_without_a_traceback():
+    out = subprocess.run([PYTHON, "-c", SWALLOWED], capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    assert out.stdout.strip() == "interrupted 15", out.stdout + out.stderr
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
