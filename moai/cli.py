@@ -420,17 +420,35 @@ def _on_signal(signum: int, frame) -> None:
 
 def _unraisable(unraisable) -> None:
     """An `Interrupted` raised where Python can only print and drop it (a `__del__`, a weakref
-    callback): no traceback; the signal is sent again, so the command still stops, one line."""
+    callback): no traceback; it is raised again 50 ms later from a timer (SIGALRM), by then out of
+    that spot (or, if not, dropped here and timed again), so the command still stops, one line."""
     err = unraisable.exc_value
     if isinstance(err, Interrupted) and os.getpid() == _MAIN_PID:
         try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, _on_signal)
-        except ValueError:  # not the main thread: the second-signal handler stays
+            signal.signal(signal.SIGALRM, lambda _s, _f: _raise_again(err.signum))
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
+        except ValueError:  # not the main thread: nothing to time it from
             pass
-        os.kill(os.getpid(), err.signum)
-        return
-    sys.__unraisablehook__(unraisable)
+    _previous_unraisablehook(unraisable)
+
+
+def _raise_again(signum: int) -> None:
+    raise Interrupted(signum)
+
+
+_previous_unraisablehook = sys.unraisablehook  # what main() found (pytest's, in a test)
+
+
+def _install_handlers() -> None:
+    """Ctrl-C and SIGTERM (a scheduler, `kill`) unwind the command: a stage being built drops its
+    temporary folder, a launch takes its process group down; then one line, exit 130 or 143."""
+    global _MAIN_PID, _previous_unraisablehook
+    _MAIN_PID = os.getpid()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _on_signal)
+    if sys.unraisablehook is not _unraisable:
+        _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, _unraisable
 
 
 def _on_second_signal(signum: int, frame) -> None:
@@ -562,14 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print what would go and the bytes freed; remove nothing")
     p.set_defaults(func=_cache_prune_cmd)
     args = parser.parse_args(argv)
-    global _MAIN_PID
-    _MAIN_PID = os.getpid()
     _set_up_logging(args.verbose)
-    # Ctrl-C and SIGTERM (a scheduler, `kill`) unwind the command: a stage being built drops its
-    # temporary folder, a launch takes its process group down; then one line, exit 130 or 143.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _on_signal)
-    sys.unraisablehook = _unraisable
+    _install_handlers()
     # Bars are for a terminal: a job log (Slurm, a redirect) gets none, whatever the command.
     if getattr(args, "no_progress", False) or not sys.stderr.isatty():
         _quiet_progress()

@@ -501,28 +501,26 @@ def launch_training(
     log.info("the whole training output goes to %s", log_file)
     try:
         return launch.run_launch(cmd, on_line, on_metrics, log_file=log_file)
-    except launch.TrainingFailed as err:
-        hint = damaged_data_hint(str(err), config.cache_dir, [data.sample_index, data.token_store])
-        if hint is not None:  # the same error, one line, the hint before its log path (kept last)
-            head, sep, tail = str(err).rpartition("; full log: ")
-            err.args = (f"{head}; {hint}{sep}{tail}" if sep else f"{err}; {hint}",)
+    except launch.TrainingFailed as err:  # the same error (its tail and log path), with the hint
+        err.args = (with_damaged_data_hint(str(err), config.cache_dir, [data.sample_index, data.token_store]),)
         raise
 
 
 # What a token store or sample index changed after it was published makes training fail with: ids
 # past the embedding, windows past the tokens, rows of the wrong shape.
-DAMAGED_DATA = re.compile(
-    r"IndexError|index out of range|out of bounds|shape mismatch|size mismatch|must match the size|"
-    r"cannot reshape|invalid shape|device-side assert"
-)
+# (Not "must match the size of tensor": a model config with other head counts fails with it too.)
+DAMAGED_DATA = re.compile(r"IndexError|index out of range|out of bounds|shape mismatch|device-side assert")
 
 
-def damaged_data_hint(message: str, cache_dir: str, folders: list[str | None]) -> str | None:
-    """For a training failure that a damaged store can cause: the folders it read and the check."""
+def with_damaged_data_hint(message: str, cache_dir: str, folders: list[str | None]) -> str:
+    """A training failure's line; for one a damaged store can cause, with the folders it read and the
+    check, before the log file (which stays last)."""
     if not DAMAGED_DATA.search(message):
-        return None
+        return message
     where = ", ".join(f for f in folders if f)
-    return (
+    hint = (
         f"if the data it read ({where}) was changed after it was built, `moai cache verify {cache_dir}` "
         "names the damaged folder (remove it and rerun to rebuild it)"
     )
+    head, sep, log_file = message.rpartition("; full log: ")
+    return f"{head}; {hint}{sep}{log_file}" if sep else f"{message}; {hint}"

@@ -236,7 +236,8 @@ def task_states(flow_state, expected: set[str] = DATA_STAGES, wait_s: float = 20
 
 def store_files(root: Path) -> dict[Path, bytes]:
     """Every file of the published entries under a store folder with its bytes; manifests (timings)
-    and their digests, and the store's hidden bookkeeping (lock files, the `.uses.jsonl` use log) left out."""
+    with their digests, and the store's hidden bookkeeping (lock files, the `.uses.jsonl` use log)
+    left out."""
     return {
         p.relative_to(root): p.read_bytes()
         for p in sorted(root.rglob("*"))

@@ -111,3 +111,91 @@ def test_a_rerun_after_the_interrupts_finishes(run_config):
     )
     assert out.returncode == 0, out.stderr
     assert [p for p in cache.rglob(".*") if p.name.endswith(".lock") or p.name.startswith(".tmp-")] == []
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def _ignores_sigint(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
+
+
+@pytest.mark.slow
+def test_tokenize_workers_leave_ctrl_c_to_the_main_process(run_config, tmp_path):
+    """A Ctrl-C reaches every process of the group: the spawned tokenize workers ignore it from
+    their start (so none prints a KeyboardInterrupt traceback while importing), and the main
+    process stops them."""
+    data = yaml.safe_load(run_config[0].read_text())
+    data["cache_dir"] = str(tmp_path / "cache")  # its own: tokenize is built, with its workers
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "moai.cli", "prepare", str(cfg), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        cwd=cfg.parent,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while len(workers) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            workers = []
+            for pid in _children(proc.pid):
+                try:
+                    if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        workers.append(pid)
+                except OSError:
+                    continue
+            time.sleep(0.01)
+        assert all(_ignores_sigint(pid) for pid in workers)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if _group(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and len(err.splitlines()) == 1, err
+
+
+SWALLOWED = """
+import os, signal, sys, time
+from moai import cli
+
+cli._install_handlers()
+
+
+class Slow:
+    def __del__(self):  # the signal arrives while it runs: Python can only print what it raises
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(100_000))
+
+
+try:
+    Slow()
+    time.sleep(5)
+    print("not interrupted")
+except cli.Interrupted as err:
+    print("interrupted", err.signum)
+"""
+
+
+@pytest.mark.slow
+def test_an_interrupt_raised_inside_a_del_still_stops_the_command_without_a_traceback():
+    out = subprocess.run([PYTHON, "-c", SWALLOWED], capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    assert out.stdout.strip() == "interrupted 15", out.stdout + out.stderr
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr

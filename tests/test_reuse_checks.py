@@ -109,13 +109,17 @@ def test_a_large_file_is_checked_by_sampled_blocks_and_fully_by_verify(tmp_path)
         ("training failed: rank 0: IndexError: index out of range in self; full log: x.log", True),
         ("training failed: rank 1: RuntimeError: shape mismatch: value tensor of shape [8] cannot be broadcast", True),
         ("training failed: rank 0: torch.OutOfMemoryError: CUDA out of memory", False),
+        # a model config with other head counts: not the data
+        ("training failed: rank 0: RuntimeError: The size of tensor a (4) must match the size of tensor b (3)", False),
     ],
 )
 def test_a_training_failure_a_damaged_store_can_cause_names_the_folders_and_cache_verify(reason, hinted):
-    from moai.pipeline import damaged_data_hint
+    from moai.pipeline import with_damaged_data_hint
 
-    hint = damaged_data_hint(reason, "/c", ["/c/pack/k1", "/c/tokenize/k2"])
+    line = with_damaged_data_hint(reason, "/c", ["/c/pack/k1", "/c/tokenize/k2"])
     if hinted:
-        assert "(/c/pack/k1, /c/tokenize/k2)" in hint and "`moai cache verify /c`" in hint
+        assert "(/c/pack/k1, /c/tokenize/k2)" in line and "`moai cache verify /c`" in line
+        assert line.startswith(reason.split("; full log: ")[0])
+        assert line.endswith("; full log: x.log") == reason.endswith("; full log: x.log")  # the log stays last
     else:
-        assert hint is None
+        assert line == reason
