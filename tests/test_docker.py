@@ -4,6 +4,7 @@ dockerd of the test's own and run (doctor, the tiny flow) as the image's user.""
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -123,62 +124,58 @@ def site_pip_settings(rootfs: Path) -> list[str]:
     return copied
 
 
+def deploy_commands() -> list[str]:
+    """The command lines of docs/deploy.md's bash blocks."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "deploy.md").read_text(), re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def deploy_command(*words: str) -> list[str]:
+    """The docs' command line holding every one of `words`, as arguments."""
+    return shlex.split(next(c for c in deploy_commands() if all(w in c for w in words)))
+
+
 @pytest.mark.slow
 def test_the_image_builds_and_runs_the_tiny_flow_as_non_root_with_the_cache_on_a_volume(docker):
-    """No registry is reachable here, so the default base (python slim) is used only when it is
-    already present; otherwise the base is made from Debian's packages (debootstrap, Debian's
-    python3 3.11) with this machine's pip settings. On it: docker/Dockerfile with a CPU torch, then
-    `moai doctor tiny` and `python flows/pretrain.py` (the tiny preset to the end) in containers
-    on the host network, as the image's user, with cache_dir on a named volume."""
+    """docs/deploy.md's commands on a dockerd of the test's own. No registry is reachable here, so
+    the default base (python slim) is built on only when it is already present; otherwise the base
+    is made from Debian's packages (debootstrap, Debian's python3 3.11) with this machine's pip
+    settings, and docker/Dockerfile built on it with a CPU torch. Then `moai doctor tiny` and
+    `python flows/pretrain.py` (the tiny preset to the end) in containers on the host network, as
+    the image's user, with cache_dir on a named volume."""
     run, tools, root = docker
     if run("image", "inspect", DEFAULT_BASE).returncode == 0:
-        base = DEFAULT_BASE
+        build = deploy_command("docker build", "MOAI_TORCH=cpu")
+        assert not any(a.startswith("BASE=") for a in build)
+        print(f"base: {DEFAULT_BASE}, present on this machine")
     else:
-        base = "local/debian:bookworm"
         rootfs = root / "rootfs"
-        include = "--include=python3,python3-venv,python3-pip,ca-certificates"
-        made = subprocess.run(
-            [tools["debootstrap"], "--variant=minbase", include, "bookworm", str(rootfs)],
-            capture_output=True,
-            text=True,
-        )
+        debootstrap = [str(rootfs) if a == "/tmp/debian" else a for a in deploy_command("debootstrap")]
+        made = subprocess.run([tools["debootstrap"], *debootstrap[1:]], capture_output=True, text=True)
         assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
         copied = site_pip_settings(rootfs)
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        imported = run("import", "-", base, stdin=tar.stdout)
+        tar_argv, import_argv = " ".join(deploy_command("docker import")).split(" | ")
+        tar = subprocess.Popen(tar_argv.replace("/tmp/debian", str(rootfs)).split(), stdout=subprocess.PIPE)
+        imported = run(*import_argv.split()[1:], stdin=tar.stdout)
         assert tar.wait() == 0 and imported.returncode == 0, imported.stderr
+        build = deploy_command("docker build", "BASE=local/debian:bookworm")
         print(
-            f"base: {base}, made with debootstrap from Debian's packages (the default {DEFAULT_BASE} cannot be "
-            f"pulled here); this machine's pip settings copied in: {copied}"
+            f"base: {import_argv.split()[-1]}, made with debootstrap from Debian's packages (the default "
+            f"{DEFAULT_BASE} cannot be pulled here); this machine's pip settings copied in: {copied}"
         )
-    image = "moai-worker:test"
-    built = run(
-        "build",
-        "--network",
-        "host",
-        "-f",
-        "docker/Dockerfile",
-        "--build-arg",
-        f"BASE={base}",
-        "--build-arg",
-        "MOAI_TORCH=cpu",
-        "-t",
-        image,
-        str(ROOT),
-        timeout=1200,
-    )
+    built = run(*build[1:], cwd=ROOT, timeout=1200)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
 
-    def inside(*command: str) -> subprocess.CompletedProcess:
-        volume = ["-v", "moai-test-cache:/app/.moai"]
-        return run("run", "--rm", "--network", "host", *volume, image, *command, timeout=600)
+    def inside(*words: str) -> subprocess.CompletedProcess:
+        return run(*deploy_command("docker run", *words)[1:], timeout=600)
 
-    assert inside("id", "-un").stdout.strip() == "moai"
-    doctor = inside("moai", "doctor", "tiny")
+    doctor = inside("moai doctor tiny")
     assert doctor.returncode == 0 and " 0 fail" in doctor.stdout, doctor.stdout[-3000:] + doctor.stderr[-2000:]
-    flow = inside("python", "flows/pretrain.py")
+    flow = inside("python flows/pretrain.py")
     assert flow.returncode == 0, flow.stdout[-3000:] + flow.stderr[-3000:]
     result = json.loads(flow.stdout.strip().splitlines()[-1])
     assert result["train"]["step"] == result["train"]["max_steps"] and result["token_store"].startswith("/app/.moai/")
-    listed = inside("ls", "/app/.moai")
-    assert {"convert", "tokenize", "pack", "runs"} <= set(listed.stdout.split())  # on the volume, after the run
+    image = deploy_command("docker run", "moai doctor tiny")[-4]
+    user = run("run", "--rm", "-v", "moai-cache:/app/.moai", image, "sh", "-c", "id -un; ls /app/.moai")
+    assert user.stdout.split()[0] == "moai"  # not root
+    assert {"convert", "tokenize", "pack", "runs"} <= set(user.stdout.split()[1:])  # on the volume, after the run
