@@ -157,9 +157,11 @@ def test_cache_push_pull_and_list_on_the_remote(tmp_path, corpus, tokenizer_dir,
     assert "convert" in listed.stdout and "tokenize" in listed.stdout, listed.stderr
     b = {**shared, "cache_dir": str(tmp_path / "b")}
     (tmp_path / "b.yaml").write_text(yaml.safe_dump(b))
-    pull = moai_cli("cache", "pull", "b.yaml", "--all", cwd=tmp_path, env=env)
-    assert pull.returncode == 0 and "pulled from" in pull.stdout, pull.stderr
+    pull = moai_cli("cache", "pull", "b.yaml", cwd=tmp_path, env=env)  # the entries b.yaml needs
+    assert pull.returncode == 0 and pull.stdout.startswith(f"{uploaded} entries pulled from {url}"), pull.stderr
     assert store_files(tmp_path / "a" / "tokenize") == store_files(tmp_path / "b" / "tokenize")
+    again = moai_cli("cache", "pull", "b.yaml", "--all", cwd=tmp_path, env=env)
+    assert again.stdout.startswith(f"0 entries pulled from {url}") and f"{uploaded} already here" in again.stdout
     assert s3_server.secret not in push.stdout + push.stderr + listed.stdout + pull.stdout + pull.stderr
 
 
