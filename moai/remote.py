@@ -130,11 +130,13 @@ def _new_filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
         package = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}.get(protocol, str(err.name))
         raise MoaiError(f"{url}: reading {protocol}:// needs the package {package}: pip install {package}") from None
     if protocol in ("s3", "s3a"):
-        fs.retries = 2  # s3fs's own loop around botocore's (5 by default, with backoff)
+        # s3fs's own loop around botocore's (5 by default, with backoff): botocore's two tries are
+        # enough, so an endpoint that never answers fails in ~2 x 5 s, not minutes
+        fs.retries = 1
     return fs
 
 
-def explain(url: str, err: BaseException, doing: str = "read") -> MoaiError:
+def explain(url: str, err: BaseException, doing: str = "read", options: str = "storage_options") -> MoaiError:
     """One line for a failed request on `url`: what the server said, and the fix."""
     text = f"{type(err).__name__}: {err}".replace("\n", " ")
     low = text.lower()
@@ -161,7 +163,7 @@ def explain(url: str, err: BaseException, doing: str = "read") -> MoaiError:
         )
     elif "could not connect" in low or ("connect" in low and ("refused" in low or "timeout" in low)):
         fix = (
-            f"cannot reach the endpoint ({_short(text)}): check storage_options.endpoint_url and that the "
+            f"cannot reach the endpoint ({_short(text)}): check {options}.endpoint_url and that the "
             "server is up and reachable from this machine"
         )
     elif isinstance(err, FileNotFoundError):

@@ -126,7 +126,8 @@ def test_remote_faults_are_one_line_in_seconds(tmp_path, corpus, tokenizer_dir, 
     expected = {
         "wrong-key": "access denied",
         "no-bucket": f"the bucket nothing-{s3_bucket} does not exist: create it",
-        "no-server": "cannot reach the endpoint",
+        "no-server": "cannot reach the endpoint",  # and the setting to check:
+        "no-server-fix": "check remote_cache_options.endpoint_url",
     }
     for name, (url, endpoint, env) in cases.items():
         cfg = machine(tmp_path, name, corpus, tokenizer_dir, url, s3_server)
@@ -139,6 +140,7 @@ def test_remote_faults_are_one_line_in_seconds(tmp_path, corpus, tokenizer_dir, 
         assert len(lines) == 1, (name, run.stderr[-2000:])
         line = lines[0]
         assert run.returncode == 2 and line.startswith("moai: error: ") and expected[name] in line, (name, line)
+        assert expected.get(f"{name}-fix", "") in line
         assert url.split("/c")[0] in line and seconds < 20, (name, seconds)
 
 
