@@ -219,3 +219,27 @@ def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_buc
             tracemalloc.stop()
         assert count == 48_000 and read[0].size == obj.size
         assert peak < 24e6, f"{name}: peak {peak / 1e6:.0f} MB while reading 48 MB of text"
+
+
+def test_a_server_lost_mid_read_is_named_as_such_not_as_a_corrupt_file(tmp_path, s3_server, s3_bucket):
+    import os
+
+    from moai.stages.convert.readers import Rows, file_rows
+
+    rows = [{"text": os.urandom(3000).hex()} for _ in range(4000)]  # ~24 MB that zstd cannot shrink much
+    data = zstandard.ZstdCompressor().compress("".join(json.dumps(r) + "\n" for r in rows).encode())
+    assert len(data) > 2 * (1 << 22)  # several 4 MiB requests
+    s3_server.fs().pipe(f"{s3_bucket}/lost/a.jsonl.zst", data)
+    source = src(f"s3://{s3_bucket}/lost/a.jsonl.zst", s3_server)
+    (obj,) = source_files(source)
+    reading = file_rows(obj, source, Rows(source), [])
+    next(reading)
+    s3_server.kill()
+    try:
+        with pytest.raises(
+            MoaiError, match=rf"cannot read s3://{s3_bucket}/lost/a\.jsonl\.zst: cannot reach the endpoint"
+        ):
+            for _ in reading:
+                pass
+    finally:
+        s3_server.start()
