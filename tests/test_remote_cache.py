@@ -5,6 +5,7 @@ wrong key, a missing bucket or no server is one `moai: error:` line in seconds."
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -48,16 +49,15 @@ def test_two_machines_share_every_stage_by_key(tmp_path, corpus, tokenizer_dir, 
     assert store_files(tmp_path / "a" / "tokenize") == store_files(tmp_path / "b" / "tokenize")
     assert store_files(tmp_path / "a" / "pack") == store_files(tmp_path / "b" / "pack")
 
-    # builds are deterministic: a third machine without the remote builds the same data files
+    # builds are deterministic: a third machine without the remote builds the same files, stage by stage
     c = parse_config(machine(tmp_path, "c", corpus, tokenizer_dir, None, s3_server))
     assert all(r.built for r in pipeline.walk(c).values())
-    for stage in ("tokenize", "pack"):
+    for stage in sorted({Path(r.path).parent.name for r in built.values()}):
+        assert store_files(tmp_path / "c" / stage) == store_files(tmp_path / "a" / stage), stage
         for key_dir in (tmp_path / "c" / stage).iterdir():
-            if key_dir.name.startswith("."):
-                continue
-            manifest = remote.manifest(stage, key_dir.name)
-            local = json.loads((key_dir / "_manifest.json").read_text())
-            assert local["files"] == manifest["files"]
+            if not key_dir.name.startswith("."):
+                local = json.loads((key_dir / "_manifest.json").read_text())
+                assert local["files"] == remote.manifest(stage, key_dir.name)["files"], stage
 
 
 def test_a_server_killed_mid_upload_leaves_nothing_visible_and_a_rerun_uploads(
@@ -185,3 +185,37 @@ def test_doctor_checks_the_remote_cache(tmp_path, corpus, tokenizer_dir, s3_serv
     missing = parse_config(machine(tmp_path, "a", corpus, tokenizer_dir, f"s3://gone-{s3_bucket}/c", s3_server))
     (check,) = [c for c in evaluate(gather(missing)) if c.name == "remote cache"]
     assert check.status == "fail" and f"the bucket gone-{s3_bucket} does not exist" in check.detail
+
+
+def test_two_machines_pushing_one_key_at_once_leave_an_entry_that_pulls(
+    tmp_path, corpus, tokenizer_dir, s3_server, s3_bucket
+):
+    import shutil
+    import threading
+
+    url = f"s3://{s3_bucket}/race"
+    for name in ("a", "b"):  # two machines build the same key, each on its own (deterministic)
+        pipeline.walk(parse_config(machine(tmp_path, name, corpus, tokenizer_dir, None, s3_server)), until="convert")
+    (key,) = [p.name for p in (tmp_path / "a" / "convert").iterdir() if not p.name.startswith(".")]
+    assert store_files(tmp_path / "a" / "convert") == store_files(tmp_path / "b" / "convert")
+    errors = []
+
+    def push(name):
+        try:
+            RemoteCache(url, {"endpoint_url": s3_server.endpoint}).push(
+                tmp_path / name / "convert" / key, "convert", key
+            )
+        except Exception as err:  # collected: the test fails on any
+            errors.append(err)
+
+    threads = [threading.Thread(target=push, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    fresh = tmp_path / "fresh" / "convert"
+    fresh.mkdir(parents=True)
+    assert RemoteCache(url, {"endpoint_url": s3_server.endpoint}).pull(fresh, "convert", key)
+    shutil.rmtree(fresh / key / "_manifest.json", ignore_errors=True)
+    assert store_files(tmp_path / "fresh" / "convert") == store_files(tmp_path / "a" / "convert")

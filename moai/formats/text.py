@@ -59,7 +59,13 @@ class DatasetWriter:
         import datasets
 
         self._close()
+        from moai.store import file_digest
+
         ds = datasets.Dataset.from_file(str(self.work / "raw.arrow"))
+        # `datasets` fingerprints a file by its path, here a temporary folder's: state.json would
+        # differ from build to build, machine to machine, and two machines sharing a remote cache
+        # would upload different bytes for one key. A hash of the rows makes it the content's.
+        ds._fingerprint = file_digest(self.work / "raw.arrow")
         was_on = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # a bar per written folder; the stages report their own progress
         try:
