@@ -124,7 +124,8 @@ class RemoteCache:
         from moai.store import FILES, _fsync_dir, file_digest, read_manifest
 
         base = self.entry_url(stage, key)
-        tmp = stage_dir / f".tmp-{key}-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # named as a build in progress is (moai.store): `moai cache prune` knows it by its key lock
+        tmp = stage_dir / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
         try:
             target = f"{base}/{MANIFEST}"
