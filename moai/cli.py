@@ -19,8 +19,9 @@
     moai cache list [CONFIG | CACHE_DIR]
                            entries (stage, key, size, age, config), leftovers, stray locks
     moai cache prune [CONFIG | CACHE_DIR] [--keep CONFIG]... [--older-than 30d] [--dry-run]
-    moai cache push CONFIG | moai cache pull CONFIG [--all] | moai cache list CONFIG --remote
                            remove leftovers; with --keep/--older-than, entries too
+    moai cache push CONFIG | pull CONFIG [--all] | list CONFIG --remote
+                           the config's remote_cache: upload, download (digests checked), list
 
 CONFIG is a YAML/JSON file or a preset name (`tiny`). Logs go to stderr.
 """

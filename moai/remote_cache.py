@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "_manifest.json"
 NOT_MIRRORED = ("tokenize-parts", "signatures-parts")
+OPTIONS = "remote_cache_options"  # the setting an error's fix names
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class RemoteCache:
                 f"(aws s3 mb {protocol}://{bucket}) or fix remote_cache"
             ) from None
         except Exception as err:
-            raise explain(self.url, err, "write" if write else "read") from None
+            raise explain(self.url, err, "write" if write else "read", OPTIONS) from None
         _CHECKED.add(self.url)
 
     def entry_url(self, stage: str, key: str) -> str:
@@ -88,7 +89,7 @@ class RemoteCache:
         except FileNotFoundError:
             return False
         except Exception as err:
-            raise explain(url, err) from None
+            raise explain(url, err, options=OPTIONS) from None
         return True
 
     def push(self, folder: Path, stage: str, key: str) -> bool:
@@ -107,7 +108,7 @@ class RemoteCache:
             target = f"{base}/{MANIFEST}"
             self.fs.put_file(str(folder / MANIFEST), target)
         except Exception as err:
-            line = explain(target, err, "write")
+            line = explain(target, err, "write", OPTIONS)
             raise MoaiError(
                 f"{line}; nothing of {stage} {key} is visible remotely (its manifest goes last) and the local "
                 "store is intact: rerun (or `moai cache push`) once the remote is back"
@@ -123,7 +124,8 @@ class RemoteCache:
         from moai.store import FILES, _fsync_dir, file_digest, read_manifest
 
         base = self.entry_url(stage, key)
-        tmp = stage_dir / f".tmp-{key}-pull-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # named as a build in progress is (moai.store): `moai cache prune` knows it by its key lock
+        tmp = stage_dir / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
         try:
             target = f"{base}/{MANIFEST}"
@@ -140,7 +142,7 @@ class RemoteCache:
             except MoaiError:
                 raise
             except Exception as err:
-                raise explain(target, err) from None
+                raise explain(target, err, options=OPTIONS) from None
             for rel, rec in files.items():
                 size, digest = (tmp / rel).stat().st_size, file_digest(tmp / rel)
                 if size != rec["bytes"] or digest != rec["xxh3_128"]:
@@ -163,7 +165,7 @@ class RemoteCache:
         try:
             found = self.fs.glob(f"{self.url}/*/*/{MANIFEST}")
         except Exception as err:
-            raise explain(self.url, err) from None
+            raise explain(self.url, err, options=OPTIONS) from None
         out = []
         for path in found:
             stage, key = path.rstrip("/").split("/")[-3:-1]
@@ -175,7 +177,7 @@ class RemoteCache:
         try:
             return json.loads(self.fs.cat_file(url))
         except Exception as err:
-            raise explain(url, err) from None
+            raise explain(url, err, options=OPTIONS) from None
 
 
 def _fix(base: str) -> str:

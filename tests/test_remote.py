@@ -196,3 +196,50 @@ def test_an_https_style_url_without_etag_is_fingerprinted_by_its_bytes(tmp_path,
     (folder / "d.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes() + b'{"text": "one more"}\n'))
     with pytest.raises(DataError, match=r"d\.jsonl\.gz changed while convert was reading it"):
         texts_of(source, tmp_path / "out2", source_fp=fp)
+
+
+def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_bucket):
+    """Reading the rows of a 48 MB object holds a few read-ahead blocks, not the object (tracemalloc's peak)."""
+    import tracemalloc
+
+    from moai.stages.convert.readers import Rows, file_rows
+
+    line = json.dumps({"text": "x" * 1000}).encode() + b"\n"
+    s3_server.fs().pipe(f"{s3_bucket}/big/a.jsonl.zst", zstandard.ZstdCompressor().compress(line * 48_000))
+    s3_server.fs().pipe(f"{s3_bucket}/big/b.jsonl", line * 48_000)
+    for name in ("a.jsonl.zst", "b.jsonl"):
+        source = src(f"s3://{s3_bucket}/big/{name}", s3_server)
+        (obj,) = source_files(source)
+        rows, read = Rows(source), []
+        tracemalloc.start()
+        try:
+            count = sum(1 for _ in file_rows(obj, source, rows, read))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert count == 48_000 and read[0].size == obj.size
+        assert peak < 24e6, f"{name}: peak {peak / 1e6:.0f} MB while reading 48 MB of text"
+
+
+def test_a_server_lost_mid_read_is_named_as_such_not_as_a_corrupt_file(tmp_path, s3_server, s3_bucket):
+    import os
+
+    from moai.stages.convert.readers import Rows, file_rows
+
+    rows = [{"text": os.urandom(3000).hex()} for _ in range(4000)]  # ~24 MB that zstd cannot shrink much
+    data = zstandard.ZstdCompressor().compress("".join(json.dumps(r) + "\n" for r in rows).encode())
+    assert len(data) > 2 * (1 << 22)  # several 4 MiB requests
+    s3_server.fs().pipe(f"{s3_bucket}/lost/a.jsonl.zst", data)
+    source = src(f"s3://{s3_bucket}/lost/a.jsonl.zst", s3_server)
+    (obj,) = source_files(source)
+    reading = file_rows(obj, source, Rows(source), [])
+    next(reading)
+    s3_server.kill()
+    try:
+        with pytest.raises(
+            MoaiError, match=rf"cannot read s3://{s3_bucket}/lost/a\.jsonl\.zst: cannot reach the endpoint"
+        ):
+            for _ in reading:
+                pass
+    finally:
+        s3_server.start()

@@ -5,6 +5,7 @@ wrong key, a missing bucket or no server is one `moai: error:` line in seconds."
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -48,16 +49,15 @@ def test_two_machines_share_every_stage_by_key(tmp_path, corpus, tokenizer_dir, 
     assert store_files(tmp_path / "a" / "tokenize") == store_files(tmp_path / "b" / "tokenize")
     assert store_files(tmp_path / "a" / "pack") == store_files(tmp_path / "b" / "pack")
 
-    # builds are deterministic: a third machine without the remote builds the same data files
+    # builds are deterministic: a third machine without the remote builds the same files, stage by stage
     c = parse_config(machine(tmp_path, "c", corpus, tokenizer_dir, None, s3_server))
     assert all(r.built for r in pipeline.walk(c).values())
-    for stage in ("tokenize", "pack"):
+    for stage in sorted({Path(r.path).parent.name for r in built.values()}):
+        assert store_files(tmp_path / "c" / stage) == store_files(tmp_path / "a" / stage), stage
         for key_dir in (tmp_path / "c" / stage).iterdir():
-            if key_dir.name.startswith("."):
-                continue
-            manifest = remote.manifest(stage, key_dir.name)
-            local = json.loads((key_dir / "_manifest.json").read_text())
-            assert local["files"] == manifest["files"]
+            if not key_dir.name.startswith("."):
+                local = json.loads((key_dir / "_manifest.json").read_text())
+                assert local["files"] == remote.manifest(stage, key_dir.name)["files"], stage
 
 
 def test_a_server_killed_mid_upload_leaves_nothing_visible_and_a_rerun_uploads(
@@ -126,7 +126,8 @@ def test_remote_faults_are_one_line_in_seconds(tmp_path, corpus, tokenizer_dir, 
     expected = {
         "wrong-key": "access denied",
         "no-bucket": f"the bucket nothing-{s3_bucket} does not exist: create it",
-        "no-server": "cannot reach the endpoint",
+        "no-server": "cannot reach the endpoint",  # and the setting to check:
+        "no-server-fix": "check remote_cache_options.endpoint_url",
     }
     for name, (url, endpoint, env) in cases.items():
         cfg = machine(tmp_path, name, corpus, tokenizer_dir, url, s3_server)
@@ -139,6 +140,7 @@ def test_remote_faults_are_one_line_in_seconds(tmp_path, corpus, tokenizer_dir, 
         assert len(lines) == 1, (name, run.stderr[-2000:])
         line = lines[0]
         assert run.returncode == 2 and line.startswith("moai: error: ") and expected[name] in line, (name, line)
+        assert expected.get(f"{name}-fix", "") in line
         assert url.split("/c")[0] in line and seconds < 20, (name, seconds)
 
 
@@ -157,9 +159,11 @@ def test_cache_push_pull_and_list_on_the_remote(tmp_path, corpus, tokenizer_dir,
     assert "convert" in listed.stdout and "tokenize" in listed.stdout, listed.stderr
     b = {**shared, "cache_dir": str(tmp_path / "b")}
     (tmp_path / "b.yaml").write_text(yaml.safe_dump(b))
-    pull = moai_cli("cache", "pull", "b.yaml", "--all", cwd=tmp_path, env=env)
-    assert pull.returncode == 0 and "pulled from" in pull.stdout, pull.stderr
+    pull = moai_cli("cache", "pull", "b.yaml", cwd=tmp_path, env=env)  # the entries b.yaml needs
+    assert pull.returncode == 0 and pull.stdout.startswith(f"{uploaded} entries pulled from {url}"), pull.stderr
     assert store_files(tmp_path / "a" / "tokenize") == store_files(tmp_path / "b" / "tokenize")
+    again = moai_cli("cache", "pull", "b.yaml", "--all", cwd=tmp_path, env=env)
+    assert again.stdout.startswith(f"0 entries pulled from {url}") and f"{uploaded} already here" in again.stdout
     assert s3_server.secret not in push.stdout + push.stderr + listed.stdout + pull.stdout + pull.stderr
 
 
@@ -181,3 +185,37 @@ def test_doctor_checks_the_remote_cache(tmp_path, corpus, tokenizer_dir, s3_serv
     missing = parse_config(machine(tmp_path, "a", corpus, tokenizer_dir, f"s3://gone-{s3_bucket}/c", s3_server))
     (check,) = [c for c in evaluate(gather(missing)) if c.name == "remote cache"]
     assert check.status == "fail" and f"the bucket gone-{s3_bucket} does not exist" in check.detail
+
+
+def test_two_machines_pushing_one_key_at_once_leave_an_entry_that_pulls(
+    tmp_path, corpus, tokenizer_dir, s3_server, s3_bucket
+):
+    import shutil
+    import threading
+
+    url = f"s3://{s3_bucket}/race"
+    for name in ("a", "b"):  # two machines build the same key, each on its own (deterministic)
+        pipeline.walk(parse_config(machine(tmp_path, name, corpus, tokenizer_dir, None, s3_server)), until="convert")
+    (key,) = [p.name for p in (tmp_path / "a" / "convert").iterdir() if not p.name.startswith(".")]
+    assert store_files(tmp_path / "a" / "convert") == store_files(tmp_path / "b" / "convert")
+    errors = []
+
+    def push(name):
+        try:
+            RemoteCache(url, {"endpoint_url": s3_server.endpoint}).push(
+                tmp_path / name / "convert" / key, "convert", key
+            )
+        except Exception as err:  # collected: the test fails on any
+            errors.append(err)
+
+    threads = [threading.Thread(target=push, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    fresh = tmp_path / "fresh" / "convert"
+    fresh.mkdir(parents=True)
+    assert RemoteCache(url, {"endpoint_url": s3_server.endpoint}).pull(fresh, "convert", key)
+    shutil.rmtree(fresh / key / "_manifest.json", ignore_errors=True)
+    assert store_files(tmp_path / "fresh" / "convert") == store_files(tmp_path / "a" / "convert")

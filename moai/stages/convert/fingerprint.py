@@ -99,7 +99,9 @@ class HashingReader(io.RawIOBase):
         if isinstance(path, Path):
             self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (the reader owns it: closed by close())
             self.digest = Digest()
+            self._url: str | None = None
         else:
+            self._url = path.url
             try:
                 self._file = path.open("rb")
             except Exception as err:
@@ -110,15 +112,22 @@ class HashingReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int | None:
-        n = self._file.readinto(buffer)
+        try:
+            n = self._file.readinto(buffer)
+        except Exception as err:
+            if self._url is None:
+                raise
+            # a connection lost mid-object is the store's fault, named as such (not a corrupt file)
+            raise explain(self._url, err) from None
         if n:
             self.digest.update(memoryview(buffer)[:n])
         return n
 
     def readall(self) -> bytes:
-        data = self._file.read()
-        self.digest.update(data)
-        return data
+        chunks = []
+        while chunk := self.read(CHUNK_BYTES):
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def close(self) -> None:
         self._file.close()
@@ -145,12 +154,10 @@ def object_entry(obj: RemoteObject) -> FileRead:
     store whose listing gives no version (some https servers), a hash of its bytes, read once."""
     if obj.version is not None:
         return FileRead(obj.url, obj.name, obj.size, f"version:{obj.version}")
-    digest = Digest()
     with HashingReader(obj) as f:
         while f.read(CHUNK_BYTES):
             pass
-        digest = f.digest
-    return FileRead(obj.url, obj.name, digest.size, digest.hexdigest())
+    return FileRead(obj.url, obj.name, f.digest.size, f.digest.hexdigest())
 
 
 def stat_of(path: Path) -> tuple[int, int, int]:

@@ -362,7 +362,7 @@ def _parquet_rows(
     # again after reading it, and make sure it was neither written nor replaced in between (a
     # remote object: its listing's ETag and size, unchanged after reading).
     if not isinstance(path, Path):
-        with path.open("rb") as f:
+        with path.open("rb", sequential=False) as f:
             yield from _table_rows(path, f, "parquet", source, rows)
         if path.current() != path:
             raise DataError(changed_file(path.url))
