@@ -20,11 +20,18 @@ from typing import Any
 
 from moai.config import FilterConfig, PipelineConfig
 from moai.errors import DataError
-from moai.formats.text import MappedTable, text_batches, text_bytes, write_text_dataset
+from moai.formats.text import (
+    MappedTable,
+    copy_origin_files,
+    origin_column,
+    text_batch,
+    text_bytes,
+    write_text_dataset,
+)
 from moai.report import timing
 
 NAME = "filter"
-VERSION = 1
+VERSION = 2  # 2: keeps the origin column and origins.json (`moai.formats.text`)
 READS = ("convert",)
 
 
@@ -66,8 +73,12 @@ def filter_text(
     table = mapped.table
     dropped = {"empty": 0, "too_short": 0, "too_long": 0}
 
+    origin = origin_column(table)
+
     def kept():
-        for batch in text_batches(table, batch_size):
+        for lo in range(0, table.num_rows, batch_size):
+            n = min(batch_size, table.num_rows - lo)
+            batch = text_batch(table.column(0).slice(lo, n).combine_chunks(), origin.slice(lo, n).combine_chunks())
             text = batch.column(0).fill_null("")
             length = pc.utf8_length(pc.utf8_trim_whitespace(text))
             empty = pc.equal(length, 0)
@@ -82,6 +93,7 @@ def filter_text(
             mapped.release()  # written: keep resident memory flat over the corpus
 
     rows_out = write_text_dataset(kept(), out_dir, max_shard_size)
+    copy_origin_files(in_dir, out_dir)
     if rows_out == 0:
         counts = ", ".join(f"{reason}: {n}" for reason, n in dropped.items() if n)
         fixes = [fix for reason, fix in _FIXES.items() if dropped[reason]]

@@ -1,0 +1,265 @@
+"""Tracing training data: from an optimizer step to the samples it read, and from each sample to
+the documents (or pieces of documents) it holds, with their source, file and row.
+
+The samples of a step come from `moai.train.data.sample_ids` with the order `order_of` gives,
+exactly as the training loader's `StepBatches` reads them: the same function, never a second copy.
+Step N is the step `metrics.jsonl` logs as `"step": N` (the N-th optimizer step, whose batch is
+the loader's step index N - 1). A sample's documents come from the sample index (windows, or
+best_fit rows of pieces) and the token split's document offsets; a document's origin from the
+token store's `.origin` files and `origins.json` (`moai.formats.tokens`). Tracing a step costs one
+epoch order (a permutation of the sample count: ~0.1 s per 10M samples) plus O(samples × documents)
+look-ups; nothing is read that the step did not read, except the first tokens of each document for
+the preview.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moai.config import PipelineConfig, TrainConfig
+from moai.errors import ConfigError, DataError
+from moai.formats.text import split_origin
+from moai.formats.tokens import TokenSplit, TokenStore
+
+log = logging.getLogger(__name__)
+
+PREVIEW_CHARS = 80
+
+
+@dataclass
+class Piece:
+    """A document (or a piece of one) inside a sample."""
+
+    source: str  # the source's name (mixing) or "default"
+    document: int  # its index in the source's token split
+    where: str  # its file and row, as convert names them ("data/a.jsonl:12"), or "unknown"
+    file: str | None
+    row: int | None
+    span: tuple[int, int]  # its tokens [start, stop) in the sample
+    doc_tokens: tuple[int, int]  # which of the document's tokens these are [start, stop)
+    preview: str = ""
+
+
+@dataclass
+class Sample:
+    index: int  # in the sample index split (or the unpacked dataset)
+    rank: int
+    micro_batch: int
+    pieces: list[Piece]
+
+
+def step_samples(
+    t: TrainConfig,
+    num_samples: int,
+    step: int,
+    world: int,
+    lengths: np.ndarray | None = None,
+    order: str = "shuffle",
+    rank: int | None = None,
+    micro: int | None = None,
+) -> list[tuple[int, int, list[int]]]:
+    """(rank, micro-batch, sample indices) of optimizer step `step` (1-based, as metrics.jsonl
+    counts), as the training loader reads them; only `rank` / `micro` when given."""
+    from moai.train.data import order_of, sample_ids
+
+    if step < 1:
+        raise ConfigError(f"--step {step}: steps count from 1 (metrics.jsonl's first logged step is 1)")
+    ranks = range(world) if rank is None else [rank]
+    micros = range(t.grad_accum_steps) if micro is None else [micro]
+    for name, value, limit in (("--rank", rank, world), ("--micro-batch", micro, t.grad_accum_steps)):
+        if value is not None and not 0 <= value < limit:
+            raise ConfigError(f"{name} {value}: must be in 0..{limit - 1}")
+    order_fn = order_of(t, num_samples, world, lengths, order)
+    cache: dict = {}
+    return [
+        (
+            r,
+            m,
+            sample_ids(
+                t.seed, num_samples, step - 1, m, r, world, t.micro_batch_size, t.grad_accum_steps, cache, order_fn
+            ),
+        )
+        for r in ranks
+        for m in micros
+    ]
+
+
+class Origins:
+    """Document -> (file, row) for one token split, from its `.origin` files and origins.json."""
+
+    def __init__(self, store: TokenStore, split: TokenSplit):
+        self.origins = split.origins
+        self.files = store.origin_files.get("files", [])
+        self.wheres = store.origin_files.get("where", [])
+
+    def of(self, document: int) -> tuple[str, str | None, int | None]:
+        """(where, file, row) of a document; where is "unknown" for a store without origins."""
+        origins = self.origins
+        if origins is None or origins[document] < 0:
+            return "unknown", None, None
+        file_index, row = split_origin(int(origins[document]))
+        file = self.files[file_index] if file_index < len(self.files) else f"file #{file_index}"
+        template = self.wheres[file_index] if file_index < len(self.wheres) and self.wheres[file_index] else None
+        where = (template or "{file}:{row}").replace("{file}", file).replace("{row}", str(row))
+        return where, file, row
+
+
+def _pieces_of(split: TokenSplit, start: int, stop: int, at: int) -> list[tuple[int, int, int, int]]:
+    """(document, sample span start, doc token start, doc token stop) of tokens [start, stop) of a
+    split laid at position `at` of a sample."""
+    offs = split.doc_offsets
+    out = []
+    d = int(np.searchsorted(offs, start, side="right")) - 1
+    while d < len(offs) - 1 and offs[d] < stop:
+        lo, hi = max(int(offs[d]), start), min(int(offs[d + 1]), stop)
+        out.append((d, at + lo - start, lo - int(offs[d]), hi - int(offs[d])))
+        d += 1
+    return out
+
+
+class Tracer:
+    """What the training data of a prepared config holds, step by step (see the module doc)."""
+
+    def __init__(self, config: PipelineConfig, prepared: dict[str, Any], world: int, preview: bool = True):
+        from moai.train.data import open_data
+        from moai.train.resolved import DataPaths
+
+        if config.train is None:
+            raise DataError("moai trace: the config has no train section: nothing reads its samples")
+        self.t = config.train
+        self.world = world
+        data = DataPaths.model_validate({k: prepared[k] for k in ("sample_index", "tokenizer", "token_store")})
+        self.data = open_data(data, "train", config.pack.seq_len, pad_id=0)
+        self._tokenizer = _load_tokenizer(data.tokenizer) if preview else None
+        samples = getattr(self.data, "samples", None)
+        if samples is not None:
+            self.names = samples.source_names
+            pairs = zip(samples.stores, samples.token_splits, strict=True)
+        else:
+            self.names = ["default"]
+            pairs = zip([TokenStore(data.token_store)], [self.data.tokens], strict=True)  # type: ignore[union-attr]
+        self.splits, self.origins = [], []
+        for store, split in pairs:
+            self.splits.append(split)
+            self.origins.append(Origins(store, split))
+
+    def sample(self, i: int, rank: int = 0, micro: int = 0) -> Sample:
+        """The documents of sample i of the train split."""
+        from moai.train.data import DocumentDataset
+
+        found: list[tuple[int, int, int, int, int]] = []  # (source, document, span start, doc lo, doc hi)
+        if isinstance(self.data, DocumentDataset):  # unpacked: a document or a seq_len piece of one
+            start, length = int(self.data.starts[i]), int(self.data.lengths[i])
+            found = [(0, *p) for p in _pieces_of(self.splits[0], start, start + length, 0)]
+            samples = None
+        elif (samples := self.data.samples).rows:
+            at = 0
+            for k, start, length in samples.row(i).tolist():
+                found += [(k, *p) for p in _pieces_of(self.splits[k], start, start + length, at)]
+                at += length
+        if samples is not None and not samples.rows:
+            k, start, length = samples.window(i)
+            found = [(k, *p) for p in _pieces_of(self.splits[k], start, start + length, 0)]
+        pieces = []
+        for k, doc, at, lo, hi in found:
+            where, file, row = self.origins[k].of(doc)
+            pieces.append(
+                Piece(
+                    source=self.names[k],
+                    document=doc,
+                    where=where,
+                    file=file,
+                    row=row,
+                    span=(at, at + hi - lo),
+                    doc_tokens=(lo, hi),
+                    preview=self._preview(k, doc, lo, hi),
+                )
+            )
+        return Sample(index=i, rank=rank, micro_batch=micro, pieces=pieces)
+
+    def _preview(self, k: int, doc: int, lo: int, hi: int) -> str:
+        if self._tokenizer is None:
+            return ""
+        base = int(self.splits[k].doc_offsets[doc])
+        # a few tokens per character are plenty for the preview's characters
+        ids = self.splits[k].tokens(base + lo, base + min(hi, lo + 2 * PREVIEW_CHARS)).tolist()
+        text = self._tokenizer.decode(ids, skip_special_tokens=True)
+        return text[:PREVIEW_CHARS]
+
+    def step(self, step: int, rank: int | None = None, micro: int | None = None) -> list[Sample]:
+        """The samples optimizer step `step` read (1-based, as metrics.jsonl counts), in the order the
+        ranks and micro-batches read them."""
+        lengths = getattr(self.data, "lengths", None)
+        order = getattr(self.data, "order", "shuffle")
+        n = len(self.data)
+        return [
+            self.sample(i, r, m)
+            for r, m, ids in step_samples(self.t, n, step, self.world, lengths, order, rank, micro)
+            for i in ids
+        ]
+
+
+def _load_tokenizer(folder: str):
+    """The tokenizer for previews: `tokenizers` straight from tokenizer.json (no transformers import)."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+def run_world_size(output_dir: str | Path) -> int | None:
+    """The world size the run at `output_dir` trained with (its ranks/rank-0.json), if it ran."""
+    file = Path(output_dir) / "ranks" / "rank-0.json"
+    try:
+        return int(json.loads(file.read_text())["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def top_loss_steps(metrics_file: str | Path, k: int) -> list[dict[str, Any]]:
+    """The k logged training steps with the highest loss in metrics.jsonl, highest first, each with
+    its jump over the mean of the 10 logged losses before it."""
+    path = Path(metrics_file)
+    if not path.exists():
+        raise DataError(f"{path}: no metrics.jsonl (train first, or set train.output_dir to the run's folder)")
+    lines = []
+    for n, text in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            log.warning("%s:%d is not JSON; skipped", path, n)
+            continue
+        if isinstance(rec, dict) and "loss" in rec and "step" in rec:
+            lines.append(rec)
+    out = []
+    for j, rec in enumerate(lines):
+        before = [r["loss"] for r in lines[max(0, j - 10) : j]]
+        jump = rec["loss"] - float(np.mean(before)) if before else 0.0
+        out.append({"step": int(rec["step"]), "loss": float(rec["loss"]), "jump": round(jump, 6)})
+    out.sort(key=lambda r: (-r["loss"], r["step"]))
+    return out[:k]
+
+
+def sample_json(s: Sample) -> dict[str, Any]:
+    return asdict(s)
+
+
+def format_samples(step: int, samples: list[Sample]) -> list[str]:
+    """Human-readable lines for a step's samples."""
+    lines = [f"step {step}: {len(samples)} samples"]
+    for s in samples:
+        lines.append(f"  sample {s.index} (rank {s.rank}, micro-batch {s.micro_batch})")
+        for p in s.pieces:
+            lines.append(
+                f"    [{p.span[0]}:{p.span[1]}] {p.source} {p.where} (document {p.document}, tokens "
+                f"{p.doc_tokens[0]}-{p.doc_tokens[1]}) {p.preview!r}"
+            )
+    return lines
