@@ -215,14 +215,17 @@ def _export_cmd(args: argparse.Namespace) -> int:
 
 def _trace_cmd(args: argparse.Namespace) -> int:
     from moai.pipeline import prepare
-    from moai.trace import Tracer, format_samples, run_world_size, sample_json, top_loss_steps
+    from moai.trace import Tracer, document_history, format_samples, run_world_size, sample_json, top_loss_steps
 
     config = resolve_config(args.config)
     if config.train is None:
         raise ConfigError(f"{args.config}: no train section: moai trace follows the samples training reads")
-    if (args.step is None) == (args.top_loss is None):
-        raise ConfigError("moai trace: give one of --step N or --top-loss K")
+    if sum(x is not None for x in (args.step, args.top_loss, args.document)) != 1:
+        raise ConfigError("moai trace: give one of --step N, --top-loss K or --document FILE:ROW")
     world = args.world_size or run_world_size(config.train.output_dir) or 1
+    if args.document is not None:
+        print(json.dumps(document_history(config, prepare(config, progress=False), args.document, world), indent=None))
+        return 0
     if args.top_loss is not None:
         steps = top_loss_steps(os.path.join(config.train.output_dir, "metrics.jsonl"), args.top_loss)
     else:
@@ -400,7 +403,7 @@ EXAMPLES = {
     "export-webdataset": "examples:\n  moai export-webdataset my.yaml --out /data/wds --shard-size 256MB\n"
     "  moai export-webdataset my.yaml --out /data/wds-val --split validation",
     "trace": "examples:\n  moai trace my.yaml --step 41000\n  moai trace my.yaml --top-loss 3 --json\n"
-    "  moai trace my.yaml --step 12 --rank 0 --micro-batch 1",
+    "  moai trace my.yaml --step 12 --rank 0 --micro-batch 1\n  moai trace my.yaml --document data/a.jsonl:12",
     "doctor": "examples:\n  moai doctor\n  moai doctor examples/quickstart.yaml",
     "cache": "examples:\n  moai cache verify my.yaml\n  moai cache list\n  moai cache prune --keep my.yaml --dry-run",
 }
@@ -544,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", help="config file (YAML/JSON) or preset name")
     p.add_argument("--step", type=int, help="the step as metrics.jsonl numbers it (1 = the first)")
     p.add_argument("--top-loss", type=int, metavar="K", help="the K logged steps of highest loss in metrics.jsonl")
+    p.add_argument(
+        "--document",
+        metavar="FILE:ROW",
+        help="what happened to a source row: dropped by which stage and why, or "
+        "the document it became and the samples and steps that read it",
+    )
     p.add_argument("--rank", type=int, help="only this rank's samples")
     p.add_argument("--micro-batch", type=int, help="only this micro-batch (of train.grad_accum_steps)")
     p.add_argument("--world-size", type=int, help="ranks the run trained with (default: its ranks/rank-0.json, else 1)")

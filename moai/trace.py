@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from moai.config import PipelineConfig, TrainConfig
 from moai.errors import ConfigError, DataError
@@ -263,3 +264,154 @@ def format_samples(step: int, samples: list[Sample]) -> list[str]:
                 f"{p.doc_tokens[0]}-{p.doc_tokens[1]}) {p.preview!r}"
             )
     return lines
+
+
+def _text_dirs(config: PipelineConfig, prepared: dict[str, Any], source: str | None) -> list[tuple[str, Path]]:
+    """(stage, output folder) of a source's text stages in order: convert, filter, the cleaning
+    stages that are on, save; a stage another way (dedup across several sources) is left out."""
+    from moai.pipeline import node_name
+    from moai.stages.chain import CHAIN, on
+    from moai.store import Store
+
+    store = Store(config.cache_dir)
+    names = ["convert", *(n for n, _ in CHAIN if on(config, n)), "save"]
+    out = []
+    for stage in names:
+        entry = prepared["stages"].get(node_name(stage, source))
+        if entry is not None:
+            out.append((stage, store.path(stage, entry["key"])))
+    return out
+
+
+def _find(folder: Path, split: str | None, origin: int) -> tuple[int, pa.Table] | None:
+    """(row index, table) of the row of `origin` in a text folder (one split of it), or None."""
+    from moai.formats.text import MappedTable, origins_of
+
+    table = MappedTable(folder, split).table
+    rows = np.flatnonzero(origins_of(table) == origin)
+    return (int(rows[0]), table) if len(rows) else None
+
+
+def _file_index(files: list[str], name: str) -> int | None:
+    """Which of origins.json's files `name` is: the same string, the same resolved path, or the
+    only one ending with it."""
+    for i, f in enumerate(files):
+        if f == name or (not f.startswith(("s3:", "gs:", "http")) and Path(f).resolve() == Path(name).resolve()):
+            return i
+    ends = [i for i, f in enumerate(files) if f.endswith("/" + name.lstrip("/"))]
+    return ends[0] if len(ends) == 1 else None
+
+
+def document_history(config: PipelineConfig, prepared: dict[str, Any], spec: str, world: int) -> dict[str, Any]:
+    """What happened to the row FILE:ROW (`spec`): the stages that kept it, the one that dropped it
+    and why, or the token store document it became and the training samples and steps that read it."""
+    import json as _json
+    import re
+
+    from moai.formats.text import ORIGIN_FILES, ROW_BITS
+    from moai.sources import source_names
+
+    m = re.fullmatch(r"(.+?)(?::(?:row )?(\d+)|\[(\d+)\])", spec.strip())
+    if m is None:
+        raise ConfigError(
+            f"--document {spec!r}: expected FILE:ROW as moai trace --step names rows (data/a.jsonl:12, "
+            "data/b.json[3], data/c.parquet:row 5)"
+        )
+    name, row = m.group(1), int(m.group(2) or m.group(3))
+    names = source_names(config)
+    sources: list[str | None] = [None] if names is None else list(names)
+    for source in sources:
+        dirs = _text_dirs(config, prepared, source)
+        origin_file = dirs[0][1] / ORIGIN_FILES
+        if not origin_file.exists():
+            continue
+        index = _file_index(_json.loads(origin_file.read_text())["files"], name)
+        if index is None:
+            continue
+        return _history(config, prepared, source, dirs, index << ROW_BITS | row, world) | {"document": spec}
+    raise DataError(f"--document {spec!r}: no source of this config reads a file named {name!r}")
+
+
+def _history(config, prepared, source, dirs, origin: int, world: int) -> dict[str, Any]:
+    kept: list[dict[str, Any]] = []
+    previous: tuple[int, pa.Table] | None = None
+    for stage, folder in dirs:
+        splits = ["train", "validation"] if stage == "save" else [None]
+        found = [(s, f) for s in splits if (f := _find(folder, s, origin)) is not None]
+        if not found:
+            return {
+                "source": source,
+                "kept_by": kept,
+                "dropped_by": stage,
+                **_why(config, stage, folder, origin, previous),
+            }
+        split, previous = found[0]
+        kept.append({"stage": stage, "row": previous[0], **({"split": split} if split else {})})
+    split, doc = kept[-1]["split"], kept[-1]["row"]
+    out = {"source": source, "kept_by": kept, "split": split, "token_document": doc}
+    if split == "train" and config.train is not None:
+        out["read_by"] = _readers(config, prepared, source, doc, world)
+    return out
+
+
+def _why(config, stage: str, folder: Path, origin: int, previous) -> dict[str, Any]:
+    """Why `stage` dropped the row: filter's rule (asked again of the row's text), a cleaning stage's
+    dropped table (with keep_dropped), or convert: no such row, or a bad row skipped."""
+    from moai.stages.filter import reason_masks
+
+    if stage == "convert":
+        return {"reason": "no document: no such row, or a bad row skipped (source.on_bad_rows: skip)"}
+    if stage == "filter" and previous is not None:
+        row, table = previous
+        masks = reason_masks(config.filter, table.column(0).slice(row, 1).combine_chunks())
+        reasons = [r for r, m in zip(("empty", "too_short", "too_long"), masks, strict=True) if m[0].as_py()]
+        return {"reason": reasons[0] if reasons else "unknown"}
+    dropped = folder / "dropped"
+    if not dropped.exists():
+        return {"reason": "unknown: set keep_dropped: true to keep each dropped row's reason"}
+    found = _find(dropped, None, origin)
+    if found is None:
+        return {"reason": "unknown: not in the stage's dropped rows"}
+    row, table = found
+    return {"reason": table.column("reason")[row].as_py(), "detail": table.column("detail")[row].as_py()}
+
+
+def _readers(config, prepared, source, doc: int, world: int, limit: int = 20) -> dict[str, Any]:
+    """The training samples that hold train document `doc` of `source`, and for each the first
+    step of each epoch that reads it (as --step numbers them), with the rank and micro-batch."""
+    from moai.train.data import DocumentDataset, order_of
+
+    tracer = Tracer(config, prepared, world, preview=False)
+    k = tracer.names.index(source) if source is not None else 0
+    offs = tracer.splits[k].doc_offsets
+    a, b = int(offs[doc]), int(offs[doc + 1])
+    data = tracer.data
+    if isinstance(data, DocumentDataset):
+        hit = (data.starts < b) & (data.starts + data.lengths > a)
+    elif data.samples.rows:
+        pieces = np.asarray(data.samples.pieces)
+        in_doc = np.flatnonzero((pieces[:, 0] == k) & (pieces[:, 1] < b) & (pieces[:, 1] + pieces[:, 2] > a))
+        first, count = np.asarray(data.samples.samples[:, 1]), np.asarray(data.samples.samples[:, 2])
+        hit = np.zeros(len(first), dtype=bool)
+        for p in in_doc.tolist():
+            hit |= (first <= p) & (first + count > p)
+    else:
+        s = data.samples
+        hit = (s.source_ids == k) & (s.starts < b) & (s.starts + s.lengths > a)
+    samples = np.flatnonzero(hit)
+    t, n = tracer.t, len(data)
+    per_step = t.micro_batch_size * t.grad_accum_steps * world
+    epochs = -(-t.max_steps * per_step // n)
+    order = order_of(t, n, world, getattr(data, "lengths", None), getattr(data, "order", "shuffle"))
+    reads = []
+    for epoch in range(min(epochs, 10)):
+        positions = np.argsort(order(epoch))  # sample -> its position in this epoch
+        for i in samples[:limit].tolist():
+            g = epoch * n + int(positions[i])
+            if g >= t.max_steps * per_step:
+                continue
+            q, _ = divmod(g, t.micro_batch_size)  # inverse of sample_ids' global position
+            q, rank = divmod(q, world)
+            step, micro = divmod(q, t.grad_accum_steps)
+            reads.append({"sample": i, "epoch": epoch, "step": step + 1, "rank": rank, "micro_batch": micro})
+    return {"samples": samples[:limit].tolist(), "num_samples": len(samples), "reads": reads}

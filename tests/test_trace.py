@@ -15,6 +15,7 @@ import pytest
 
 from conftest import TINY_MODEL, config_dict, make_texts, write_jsonl
 from moai.config import parse_config
+from moai.errors import DataError
 from moai.formats.tokens import PackedSamples, TokenStore
 from moai.pipeline import prepare
 from moai.trace import Tracer, step_samples, top_loss_steps
@@ -216,6 +217,9 @@ def test_cli_trace_prints_a_steps_documents_as_json(tmp_path, tokenizer_dir, cap
     assert piece["preview"]
     assert main(["trace", str(tmp_path / "c.yaml"), "--step", "0"]) == 2
     assert "steps count from 1" in capsys.readouterr().err
+    assert main(["trace", str(tmp_path / "c.yaml"), "--document", piece["where"]]) == 0
+    history = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert history["token_document"] == piece["document"] and history["read_by"]["num_samples"] >= 1
 
 
 def test_pack_samples_still_open(tmp_path, tokenizer_dir):
@@ -223,3 +227,43 @@ def test_pack_samples_still_open(tmp_path, tokenizer_dir):
     prepared = prepare(parse_config(_train_config(tmp_path, tokenizer_dir, "concat")), progress=False)
     samples = PackedSamples(prepared["sample_index"], "train")
     assert len(samples) > 0 and samples[0]["input_ids"].shape == (32,)
+
+
+def test_a_documents_history_names_the_stage_and_reason_that_dropped_it_or_the_steps_that_read_it(
+    tmp_path, tokenizer_dir
+):
+    from moai.trace import Tracer, document_history
+
+    texts = [*TEXTS[:80], "short", TEXTS[3], "x" * 40]  # line 81 too short, 82 a copy of line 4, 83 kept
+    data = tmp_path / "data" / "d.jsonl"
+    write_jsonl(data, [{"text": t} for t in texts])
+    cfg = config_dict(
+        tmp_path,
+        data,
+        {"path": str(tokenizer_dir)},
+        filter={"min_chars": 10},
+        dedup={"exact": True},
+        keep_dropped=True,
+        pack={"seq_len": 32},
+        split={"val_fraction": 0.0},
+        train={"model_config": TINY_MODEL, "micro_batch_size": 2, "grad_accum_steps": 2, "max_steps": 100},
+    )
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    short = document_history(config, prepared, f"{data}:81", world=1)
+    assert short["dropped_by"] == "filter" and short["reason"] == "too_short"
+    copy = document_history(config, prepared, "d.jsonl:82", world=1)  # a unique end of the path is enough
+    dedup_report = prepared["stages"]["dedup"]["dropped"]
+    assert copy["dropped_by"] == "dedup" and copy["reason"] in dedup_report and copy["detail"]
+    kept = document_history(config, prepared, f"{data}:83", world=1)
+    assert [k["stage"] for k in kept["kept_by"]] == ["convert", "filter", "dedup", "save"]
+    assert kept["split"] == "train" and kept["read_by"]["num_samples"] >= 1
+    tracer = Tracer(config, prepared, world=1, preview=False)
+    for read in kept["read_by"]["reads"]:  # each step named reads the document, traced the other way
+        traced = tracer.step(read["step"], read["rank"], read["micro_batch"])
+        assert any(p.where == f"{data}:83" for s in traced for p in s.pieces)
+    assert {r["epoch"] for r in kept["read_by"]["reads"]} == set(
+        range(len({r["epoch"] for r in kept["read_by"]["reads"]}))
+    )
+    with pytest.raises(DataError, match="no source of this config reads a file named"):
+        document_history(config, prepared, "other.jsonl:3", world=1)

@@ -57,10 +57,24 @@ _FIXES = {
 }
 
 
+def reason_masks(cfg: FilterConfig, texts):
+    """(empty, too_short, too_long) boolean masks of a text array: each row in at most one, the
+    first rule that matches (`moai.trace` asks this of one row to say why it was dropped)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = texts.fill_null("")
+    length = pc.utf8_length(pc.utf8_trim_whitespace(text))
+    empty = pc.equal(length, 0)
+    short = pc.and_(pc.invert(empty), pc.less(length, cfg.min_chars))
+    long = pc.greater(length, cfg.max_chars) if cfg.max_chars else pa.array([False] * len(text))
+    long = pc.and_(long, pc.invert(pc.or_(empty, short)))
+    return empty, short, long
+
+
 def filter_text(
     cfg: FilterConfig, in_dir: Path, out_dir: Path, *, batch_size: int, max_shard_size: str
 ) -> dict[str, Any]:
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     started = time.perf_counter()
@@ -79,12 +93,7 @@ def filter_text(
         for lo in range(0, table.num_rows, batch_size):
             n = min(batch_size, table.num_rows - lo)
             batch = text_batch(table.column(0).slice(lo, n).combine_chunks(), origin.slice(lo, n).combine_chunks())
-            text = batch.column(0).fill_null("")
-            length = pc.utf8_length(pc.utf8_trim_whitespace(text))
-            empty = pc.equal(length, 0)
-            short = pc.and_(pc.invert(empty), pc.less(length, cfg.min_chars))
-            long = pc.greater(length, cfg.max_chars) if cfg.max_chars else pa.array([False] * len(text))
-            long = pc.and_(long, pc.invert(pc.or_(empty, short)))
+            empty, short, long = reason_masks(cfg, batch.column(0))
             dropped["empty"] += pc.sum(empty).as_py() or 0
             dropped["too_short"] += pc.sum(short).as_py() or 0
             dropped["too_long"] += pc.sum(long).as_py() or 0
