@@ -215,6 +215,10 @@ def test_cli_trace_prints_a_steps_documents_as_json(tmp_path, tokenizer_dir, cap
     piece = out[0]["samples"][0]["pieces"][0]
     assert piece["source"] == "default" and piece["where"].startswith(str(tmp_path / "data" / "t.jsonl") + ":")
     assert piece["preview"]
+    assert main(["trace", str(tmp_path / "c.yaml"), "--step", "3", "--rank", "0", "--micro-batch", "1"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0] == "step 3: 3 samples, world size 1" and text[1].startswith("  sample ")
+    assert f"{tmp_path / 'data' / 't.jsonl'}:" in text[2]
     assert main(["trace", str(tmp_path / "c.yaml"), "--step", "0"]) == 2
     assert "steps count from 1" in capsys.readouterr().err
     assert main(["trace", str(tmp_path / "c.yaml"), "--document", piece["where"]]) == 0
