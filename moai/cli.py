@@ -227,7 +227,7 @@ def _trace_cmd(args: argparse.Namespace) -> int:
         print(json.dumps(document_history(config, prepare(config, progress=False), args.document, world), indent=None))
         return 0
     if args.top_loss is not None:
-        steps = top_loss_steps(os.path.join(config.train.output_dir, "metrics.jsonl"), args.top_loss)
+        steps = top_loss_steps(os.path.join(config.train.output_dir, "metrics.jsonl"), args.top_loss, args.by)
     else:
         steps = [{"step": args.step}]
     tracer = Tracer(config, prepare(config, progress=False), world)
@@ -552,6 +552,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE:ROW",
         help="what happened to a source row: dropped by which stage and why, or "
         "the document it became and the samples and steps that read it",
+    )
+    p.add_argument(
+        "--by",
+        choices=["loss", "jump"],
+        default="loss",
+        help="--top-loss ranks steps by loss (default) or by the jump over the mean of the 10 logged losses before",
     )
     p.add_argument("--rank", type=int, help="only this rank's samples")
     p.add_argument("--micro-batch", type=int, help="only this micro-batch (of train.grad_accum_steps)")

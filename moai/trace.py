@@ -225,9 +225,10 @@ def run_world_size(output_dir: str | Path) -> int | None:
         return None
 
 
-def top_loss_steps(metrics_file: str | Path, k: int) -> list[dict[str, Any]]:
-    """The k logged training steps with the highest loss in metrics.jsonl, highest first, each with
-    its jump over the mean of the 10 logged losses before it."""
+def top_loss_steps(metrics_file: str | Path, k: int, by: str = "loss") -> list[dict[str, Any]]:
+    """The k logged training steps with the highest loss in metrics.jsonl (`by` "loss"), or the
+    highest jump over the mean of the 10 logged losses before it (`by` "jump": a spike, which the
+    early steps' high losses do not drown), highest first; each with its loss and jump."""
     path = Path(metrics_file)
     if not path.exists():
         raise DataError(f"{path}: no metrics.jsonl (train first, or set train.output_dir to the run's folder)")
@@ -245,7 +246,7 @@ def top_loss_steps(metrics_file: str | Path, k: int) -> list[dict[str, Any]]:
         before = [r["loss"] for r in lines[max(0, j - 10) : j]]
         jump = rec["loss"] - float(np.mean(before)) if before else 0.0
         out.append({"step": int(rec["step"]), "loss": float(rec["loss"]), "jump": round(jump, 6)})
-    out.sort(key=lambda r: (-r["loss"], r["step"]))
+    out.sort(key=lambda r: (-r[by], r["step"]))
     return out[:k]
 
 

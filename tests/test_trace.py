@@ -197,6 +197,8 @@ def test_top_loss_picks_the_highest_logged_losses(tmp_path):
     )
     top = top_loss_steps(tmp_path / "metrics.jsonl", 2)
     assert [r["step"] for r in top] == [21, 31]
+    assert [r["step"] for r in top_loss_steps(tmp_path / "metrics.jsonl", 1, by="jump")] == [21]
+    assert top_loss_steps(tmp_path / "metrics.jsonl", 1)[0]["step"] == 21
     assert top[0]["jump"] == pytest.approx(9.5 - np.mean([3.0 - s * 0.01 for s in range(11, 21)]), abs=1e-6)
 
 

@@ -21,10 +21,11 @@ from typing import Any
 from moai.config import FilterConfig, PipelineConfig
 from moai.errors import DataError
 from moai.formats.text import (
+    TEXT_SCHEMA,
     MappedTable,
     copy_origin_files,
-    origin_column,
     text_batch,
+    text_batches,
     text_bytes,
     write_text_dataset,
 )
@@ -87,12 +88,10 @@ def filter_text(
     table = mapped.table
     dropped = {"empty": 0, "too_short": 0, "too_long": 0}
 
-    origin = origin_column(table)
-
     def kept():
-        for lo in range(0, table.num_rows, batch_size):
-            n = min(batch_size, table.num_rows - lo)
-            batch = text_batch(table.column(0).slice(lo, n).combine_chunks(), origin.slice(lo, n).combine_chunks())
+        for read in text_batches(table, batch_size):
+            # a text folder of an older moai has no origin column: its origins are unknown
+            batch = read if read.schema.equals(TEXT_SCHEMA) else text_batch(read.column(0))
             empty, short, long = reason_masks(cfg, batch.column(0))
             dropped["empty"] += pc.sum(empty).as_py() or 0
             dropped["too_short"] += pc.sum(short).as_py() or 0
