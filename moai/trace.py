@@ -406,7 +406,8 @@ def _readers(config, prepared, source, doc: int, world: int, limit: int = 20) ->
     order = order_of(t, n, world, getattr(data, "lengths", None), getattr(data, "order", "shuffle"))
     reads = []
     for epoch in range(min(epochs, 10)):
-        positions = np.argsort(order(epoch))  # sample -> its position in this epoch
+        positions = np.empty(n, dtype=np.int64)  # sample -> its position in this epoch
+        positions[order(epoch)] = np.arange(n)
         for i in samples[:limit].tolist():
             g = epoch * n + int(positions[i])
             if g >= t.max_steps * per_step:
