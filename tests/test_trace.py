@@ -273,3 +273,29 @@ def test_a_documents_history_names_the_stage_and_reason_that_dropped_it_or_the_s
     )
     with pytest.raises(DataError, match="no source of this config reads a file named"):
         document_history(config, prepared, "other.jsonl:3", world=1)
+
+
+def test_a_chat_store_has_an_origin_for_every_conversation(tmp_path):
+    """Chat data is tokenized its own way (one part per split, with loss masks): its documents
+    name their lines too, each line once."""
+    import yaml
+
+    from conftest import ROOT
+
+    data = yaml.safe_load((ROOT / "examples" / "chat.yaml").read_text())
+    source = ROOT / data["source"]["path"]
+    data["source"]["path"] = str(source)
+    data["source"]["chat_template"] = str(ROOT / data["source"]["chat_template"])
+    data["tokenizer"]["path"] = str(ROOT / data["tokenizer"]["path"])
+    data["cache_dir"] = str(tmp_path / "cache")
+    del data["train"]
+    store = TokenStore(prepare(parse_config(data), progress=False)["token_store"])
+    assert store.origin_files["files"] == [str(source)]
+    rows = []
+    for split in ("train", "validation"):
+        origins = store.split(split).origins
+        assert origins is not None and len(origins) == store.split(split).num_documents
+        rows += [int(o) & ((1 << 40) - 1) for o in origins]
+    lines = source.read_text().splitlines()
+    assert sorted(rows) == sorted(set(rows)) and all(1 <= r <= len(lines) for r in rows)
+    assert len(rows) == sum(1 for line in lines if line.strip())  # every conversation kept, none twice
