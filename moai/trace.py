@@ -417,3 +417,29 @@ def _readers(config, prepared, source, doc: int, world: int, limit: int = 20) ->
             step, micro = divmod(q, t.grad_accum_steps)
             reads.append({"sample": i, "epoch": epoch, "step": step + 1, "rank": rank, "micro_batch": micro})
     return {"samples": samples[:limit].tolist(), "num_samples": len(samples), "reads": reads}
+
+
+def loss_spikes(
+    config: PipelineConfig, prepared: dict[str, Any], k: int = 3, per_step: int = 5
+) -> list[dict[str, Any]]:
+    """The k logged steps whose loss jumped most over the 10 logged before (`top_loss_steps`), each
+    with the documents that filled most of its tokens (at most `per_step`): source, where, tokens in
+    the step, preview. What the Prefect training card shows when a run ends; [] before any log."""
+    assert config.train is not None
+    metrics = Path(config.train.output_dir) / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    world = run_world_size(config.train.output_dir) or 1
+    tracer = Tracer(config, prepared, world)
+    out = []
+    for spike in top_loss_steps(metrics, k, by="jump"):
+        docs: dict[tuple[str, int], dict[str, Any]] = {}
+        for s in tracer.step(spike["step"]):
+            for p in s.pieces:
+                d = docs.setdefault(
+                    (p.source, p.document), {"source": p.source, "where": p.where, "tokens": 0, "preview": p.preview}
+                )
+                d["tokens"] += p.span[1] - p.span[0]
+        top = sorted(docs.values(), key=lambda d: -d["tokens"])[:per_step]
+        out.append({**spike, "documents": top, "num_documents": len(docs)})
+    return out

@@ -299,3 +299,22 @@ def test_a_chat_store_has_an_origin_for_every_conversation(tmp_path):
     lines = source.read_text().splitlines()
     assert sorted(rows) == sorted(set(rows)) and all(1 <= r <= len(lines) for r in rows)
     assert len(rows) == sum(1 for line in lines if line.strip())  # every conversation kept, none twice
+
+
+def test_loss_spikes_trace_the_biggest_jumps_from_metrics(tmp_path, tokenizer_dir):
+    from moai.trace import loss_spikes
+
+    cfg = _train_config(tmp_path, tokenizer_dir, "concat", output_dir=str(tmp_path / "run"))
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    assert loss_spikes(config, prepared) == []  # not trained yet
+    (tmp_path / "run").mkdir()
+    lines = [{"step": s, "loss": 2.0} for s in range(1, 30)]
+    lines[16]["loss"] = 6.0  # step 17
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    spikes = loss_spikes(config, prepared, k=1)
+    assert [s["step"] for s in spikes] == [17] and spikes[0]["jump"] == pytest.approx(4.0)
+    traced = Tracer(config, prepared, world=1).step(17)
+    total = sum(p.span[1] - p.span[0] for s in traced for p in s.pieces)
+    assert spikes[0]["num_documents"] == len({p.document for s in traced for p in s.pieces})
+    assert sum(d["tokens"] for d in spikes[0]["documents"]) <= total and spikes[0]["documents"][0]["where"]
