@@ -101,14 +101,20 @@ class Origins:
 
     def of(self, document: int) -> tuple[str, str | None, int | None]:
         """(where, file, row) of a document; where is "unknown" for a store without origins."""
-        origins = self.origins
-        if origins is None or origins[document] < 0:
+        if self.origins is None:
             return "unknown", None, None
-        file_index, row = split_origin(int(origins[document]))
-        file = self.files[file_index] if file_index < len(self.files) else f"file #{file_index}"
-        template = self.wheres[file_index] if file_index < len(self.wheres) and self.wheres[file_index] else None
-        where = (template or "{file}:{row}").replace("{file}", file).replace("{row}", str(row))
-        return where, file, row
+        return where_of(int(self.origins[document]), self.files, self.wheres)
+
+
+def where_of(origin: int, files: list[str], wheres: list[str | None]) -> tuple[str, str | None, int | None]:
+    """(where, file, row) of an origin, as convert names rows ("data/a.jsonl:12"); "unknown" for -1."""
+    if origin < 0:
+        return "unknown", None, None
+    file_index, row = split_origin(origin)
+    file = files[file_index] if file_index < len(files) else f"file #{file_index}"
+    template = wheres[file_index] if file_index < len(wheres) and wheres[file_index] else None
+    where = (template or "{file}:{row}").replace("{file}", file).replace("{row}", str(row))
+    return where, file, row
 
 
 def _pieces_of(split: TokenSplit, start: int, stop: int, at: int) -> list[tuple[int, int, int, int]]:
@@ -326,14 +332,15 @@ def document_history(config: PipelineConfig, prepared: dict[str, Any], spec: str
         origin_file = dirs[0][1] / ORIGIN_FILES
         if not origin_file.exists():
             continue
-        index = _file_index(_json.loads(origin_file.read_text())["files"], name)
+        meta = _json.loads(origin_file.read_text())
+        index = _file_index(meta["files"], name)
         if index is None:
             continue
-        return _history(config, prepared, source, dirs, index << ROW_BITS | row, world) | {"document": spec}
+        return _history(config, prepared, source, dirs, index << ROW_BITS | row, world, meta) | {"document": spec}
     raise DataError(f"--document {spec!r}: no source of this config reads a file named {name!r}")
 
 
-def _history(config, prepared, source, dirs, origin: int, world: int) -> dict[str, Any]:
+def _history(config, prepared, source, dirs, origin: int, world: int, meta: dict[str, list]) -> dict[str, Any]:
     kept: list[dict[str, Any]] = []
     previous: tuple[int, pa.Table] | None = None
     for stage, folder in dirs:
@@ -344,7 +351,7 @@ def _history(config, prepared, source, dirs, origin: int, world: int) -> dict[st
                 "source": source,
                 "kept_by": kept,
                 "dropped_by": stage,
-                **_why(config, stage, folder, origin, previous),
+                **_why(config, stage, folder, origin, previous, meta),
             }
         split, previous = found[0]
         kept.append({"stage": stage, "row": previous[0], **({"split": split} if split else {})})
@@ -355,9 +362,13 @@ def _history(config, prepared, source, dirs, origin: int, world: int) -> dict[st
     return out
 
 
-def _why(config, stage: str, folder: Path, origin: int, previous) -> dict[str, Any]:
+def _why(config, stage: str, folder: Path, origin: int, previous, meta: dict[str, list]) -> dict[str, Any]:
     """Why `stage` dropped the row: filter's rule (asked again of the row's text), a cleaning stage's
-    dropped table (with keep_dropped), or convert: no such row, or a bad row skipped."""
+    dropped table (with keep_dropped; a duplicate's kept copy of the same source named by file and
+    row too), or convert: no such row, or a bad row skipped."""
+    import re
+
+    from moai.formats.text import origins_of
     from moai.stages.filter import reason_masks
 
     if stage == "convert":
@@ -374,7 +385,14 @@ def _why(config, stage: str, folder: Path, origin: int, previous) -> dict[str, A
     if found is None:
         return {"reason": "unknown: not in the stage's dropped rows"}
     row, table = found
-    return {"reason": table.column("reason")[row].as_py(), "detail": table.column("detail")[row].as_py()}
+    detail = table.column("detail")[row].as_py()
+    out = {"reason": table.column("reason")[row].as_py(), "detail": detail}
+    # dedup: "copy of row 12", "near copy of row 12 (...)": the kept row, by its index in the stage's input
+    copy = re.match(r"(?:near )?copy of row (\d+)\b", detail or "")
+    if copy is not None and previous is not None and int(copy.group(1)) < previous[1].num_rows:
+        kept_origin = int(origins_of(previous[1].slice(int(copy.group(1)), 1))[0])
+        out["kept_copy"] = where_of(kept_origin, meta["files"], meta.get("where", []))[0]
+    return out
 
 
 def _readers(config, prepared, source, doc: int, world: int, limit: int = 20) -> dict[str, Any]:

@@ -261,6 +261,7 @@ def test_a_documents_history_names_the_stage_and_reason_that_dropped_it_or_the_s
     copy = document_history(config, prepared, "d.jsonl:82", world=1)  # a unique end of the path is enough
     dedup_report = prepared["stages"]["dedup"]["dropped"]
     assert copy["dropped_by"] == "dedup" and copy["reason"] in dedup_report and copy["detail"]
+    assert copy["kept_copy"] == f"{data}:4"  # the first copy, line 4, by file and line
     kept = document_history(config, prepared, f"{data}:83", world=1)
     assert [k["stage"] for k in kept["kept_by"]] == ["convert", "filter", "dedup", "save"]
     assert kept["split"] == "train" and kept["read_by"]["num_samples"] >= 1
