@@ -319,3 +319,29 @@ def test_loss_spikes_trace_the_biggest_jumps_from_metrics(tmp_path, tokenizer_di
     total = sum(p.span[1] - p.span[0] for s in traced for p in s.pieces)
     assert spikes[0]["num_documents"] == len({p.document for s in traced for p in s.pieces})
     assert sum(d["tokens"] for d in spikes[0]["documents"]) <= total and spikes[0]["documents"][0]["where"]
+
+
+def test_unpacked_training_is_traced_document_by_document(tmp_path, tokenizer_dir):
+    """pack.enabled false: a sample is a document or a seq_len piece of one, in the loader's
+    length-grouped order; each traced piece is the sample's ids and names its line."""
+    from moai.train.data import StepBatches
+
+    cfg = _train_config(tmp_path, tokenizer_dir, "concat")
+    cfg["pack"]["enabled"] = False
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    assert prepared["sample_index"] is None
+    tracer = Tracer(config, prepared, world=1, preview=False)
+    data = tracer.data
+    t = config.train
+    assert t is not None
+    traced = tracer.step(5)
+    loader = list(StepBatches(t, len(data), 0, 1, 4, data.lengths, data.order))[: t.grad_accum_steps]
+    assert [s.index for s in traced] == [i for ids in loader for i in ids]
+    store = TokenStore(prepared["token_store"])
+    for s in traced:
+        ids = data[s.index]["input_ids"].tolist()
+        assert len(s.pieces) == 1
+        p = s.pieces[0]
+        assert ids == store.split("train").document(p.document)[p.doc_tokens[0] : p.doc_tokens[1]].tolist()
+        assert p.where == f"{tmp_path / 'data' / 't.jsonl'}:{p.row}"
