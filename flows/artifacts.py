@@ -241,6 +241,31 @@ def packing_markdown(pack: StageResult, heading: str = "#") -> str:
 # -- publishing: Prefect's artifact API, inside a flow run --------------------------------------------
 
 
+def spikes_markdown(spikes: list[dict[str, Any]]) -> str:
+    """The run's biggest loss jumps and the documents in their batches (`moai.trace.loss_spikes`)."""
+    if not spikes:
+        return "# Loss spikes\n\nNo logged loss yet.\n"
+    parts = [
+        "# Loss spikes\n\nThe logged steps whose loss jumped most over the 10 logged before, and the "
+        "documents that filled most of each batch (`moai trace CONFIG --step N` lists them all).\n"
+    ]
+    for s in spikes:
+        rows = [
+            {
+                "document": f"`{d['where']}`",
+                "source": d["source"],
+                "tokens": number(d["tokens"]),
+                "starts with": " ".join(d["preview"].split())[:60],
+            }
+            for d in s["documents"]
+        ]
+        parts.append(
+            f"## Step {s['step']:,}: loss {s['loss']:.4f} ({s['jump']:+.4f})\n\n"
+            f"{number(s['num_documents'])} documents in the batch; the largest:\n\n{markdown_table(rows)}\n"
+        )
+    return "\n".join(parts)
+
+
 def publish_plan(plan: Plan) -> None:
     from prefect.artifacts import create_table_artifact
 

@@ -167,7 +167,25 @@ def train_task(config: PipelineConfig, prepared: dict[str, Any]) -> dict[str, An
     view = TrainingView(str(Path(t.output_dir).resolve()), t.max_steps, log=get_run_logger().info)
     last = launch_training(config, prepared, on_line=view.on_line, on_metrics=view.on_metrics)
     view.finish(last)
+    publish_spikes(config, prepared)
     return last
+
+
+def publish_spikes(config: PipelineConfig, prepared: dict[str, Any]) -> None:
+    """The loss-spikes card (`moai.trace.loss_spikes`); a card that cannot be made is a warning,
+    never a failed run."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from moai.trace import loss_spikes
+
+    try:
+        spikes = loss_spikes(config, prepared)
+    except Exception as err:  # the training is done and saved: the card is a convenience
+        get_run_logger().warning("no loss-spikes card: %s", err)
+        return
+    create_markdown_artifact(
+        artifacts.spikes_markdown(spikes), key="loss-spikes", description="Biggest loss jumps and their documents"
+    )
 
 
 @contextlib.contextmanager

@@ -214,6 +214,36 @@ def _export_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace_cmd(args: argparse.Namespace) -> int:
+    from moai.pipeline import prepare
+    from moai.trace import Tracer, document_history, format_samples, run_world_size, sample_json, top_loss_steps
+
+    config = resolve_config(args.config)
+    if config.train is None:
+        raise ConfigError(f"{args.config}: no train section: moai trace follows the samples training reads")
+    if sum(x is not None for x in (args.step, args.top_loss, args.document)) != 1:
+        raise ConfigError("moai trace: give one of --step N, --top-loss K or --document FILE:ROW")
+    world = args.world_size or run_world_size(config.train.output_dir) or 1
+    if args.document is not None:
+        print(json.dumps(document_history(config, prepare(config, progress=False), args.document, world), indent=None))
+        return 0
+    if args.top_loss is not None:
+        steps = top_loss_steps(os.path.join(config.train.output_dir, "metrics.jsonl"), args.top_loss, args.by)
+    else:
+        steps = [{"step": args.step}]
+    tracer = Tracer(config, prepare(config, progress=False), world)
+    traced = [{**s, "world_size": world, "samples": tracer.step(s["step"], args.rank, args.micro_batch)} for s in steps]
+    if args.json:
+        print(json.dumps([{**t, "samples": [sample_json(x) for x in t["samples"]]} for t in traced]))
+        return 0
+    for t in traced:
+        loss = f" (loss {t['loss']}, {t['jump']:+} over the 10 logged before)" if "loss" in t else ""
+        lines = format_samples(t["step"], t["samples"])
+        print(lines[0] + loss + f", world size {world}")
+        print("\n".join(lines[1:]))
+    return 0
+
+
 def _doctor_cmd(args: argparse.Namespace) -> int:
     from moai.doctor import evaluate, gather
 
@@ -373,6 +403,8 @@ EXAMPLES = {
     "merge": "examples:\n  moai merge my.yaml --num-shards 32",
     "export-webdataset": "examples:\n  moai export-webdataset my.yaml --out /data/wds --shard-size 256MB\n"
     "  moai export-webdataset my.yaml --out /data/wds-val --split validation",
+    "trace": "examples:\n  moai trace my.yaml --step 41000\n  moai trace my.yaml --top-loss 3 --json\n"
+    "  moai trace my.yaml --step 12 --rank 0 --micro-batch 1\n  moai trace my.yaml --document data/a.jsonl:12",
     "doctor": "examples:\n  moai doctor\n  moai doctor examples/quickstart.yaml",
     "cache": "examples:\n  moai cache verify my.yaml\n  moai cache list\n  moai cache prune --keep my.yaml --dry-run",
 }
@@ -530,6 +562,27 @@ def main(argv: list[str] | None = None) -> int:
         "--split", default="train", choices=["train", "validation"], help="which split's samples (default: train)"
     )
     p.set_defaults(func=_export_cmd)
+    p = _add_parser(sub, "trace", help="the documents (source, file:row) an optimizer step trained on")
+    p.add_argument("config", help="config file (YAML/JSON) or preset name")
+    p.add_argument("--step", type=int, help="the step as metrics.jsonl numbers it (1 = the first)")
+    p.add_argument("--top-loss", type=int, metavar="K", help="the K logged steps of highest loss in metrics.jsonl")
+    p.add_argument(
+        "--document",
+        metavar="FILE:ROW",
+        help="what happened to a source row: dropped by which stage and why, or "
+        "the document it became and the samples and steps that read it",
+    )
+    p.add_argument(
+        "--by",
+        choices=["loss", "jump"],
+        default="loss",
+        help="--top-loss ranks steps by loss (default) or by the jump over the mean of the 10 logged losses before",
+    )
+    p.add_argument("--rank", type=int, help="only this rank's samples")
+    p.add_argument("--micro-batch", type=int, help="only this micro-batch (of train.grad_accum_steps)")
+    p.add_argument("--world-size", type=int, help="ranks the run trained with (default: its ranks/rank-0.json, else 1)")
+    p.add_argument("--json", action="store_true", help="one JSON list on stdout")
+    p.set_defaults(func=_trace_cmd)
     p = _add_parser(sub, "doctor", help="check this machine's set-up; non-zero exit on any failure")
     p.add_argument("config", nargs="?", help="config file or preset to check the tokenizer and plan of")
     p.set_defaults(func=_doctor_cmd)

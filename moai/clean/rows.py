@@ -4,7 +4,8 @@ A cleaning stage decides, for each row of its input (a `save_to_disk` text folde
 a reason (`exact_duplicate`, `gopher:word_count`, `language:ja`, ...), optionally with a detail
 (which row it copies, the measured value). `apply_verdicts` writes the kept rows as the stage's
 output, in input order, and with `keep_dropped` every dropped row as `<out>/dropped/` (a
-`save_to_disk` folder with `row` (its index in the stage's input), `reason`, `detail`, `text`).
+`save_to_disk` folder with `row` (its index in the stage's input), `reason`, `detail`, `text`,
+`origin` (its file and row, `moai.formats.text`)). The kept rows keep their origins too.
 `judge_rows` computes verdicts over row ranges in worker processes (the hardware plan's
 processes); each worker maps the input itself, so no text crosses a pipe.
 """
@@ -26,14 +27,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from moai.errors import DataError
-from moai.formats.text import TEXT_SCHEMA, DatasetWriter, MappedTable, text_bytes
+from moai.formats.text import (
+    TEXT_SCHEMA,
+    DatasetWriter,
+    MappedTable,
+    copy_origin_files,
+    origin_column,
+    text_batch,
+    text_bytes,
+)
 from moai.report import timing
 
 log = logging.getLogger(__name__)
 
 DROPPED_DIR = "dropped"
 DROPPED_SCHEMA = pa.schema(
-    [("row", pa.int64()), ("reason", pa.string()), ("detail", pa.string()), ("text", pa.string())]
+    [
+        ("row", pa.int64()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("text", pa.string()),
+        ("origin", pa.int64()),
+    ]
 )
 
 
@@ -71,7 +86,7 @@ def apply_verdicts(
     n = table.num_rows
     dropped: Counter[str] = Counter()
     counts: Counter[str] = Counter()
-    text = table.column(0)
+    text, origin = table.column(0), origin_column(table)
     at = 0
     with DatasetWriter(out_dir, TEXT_SCHEMA, max_shard_size) as kept:
         spill = DatasetWriter(out_dir / DROPPED_DIR, DROPPED_SCHEMA, max_shard_size) if keep_dropped else None
@@ -83,7 +98,8 @@ def apply_verdicts(
                 counts.update(v.counts)
                 gone = np.fromiter((r is not None for r in v.reasons), dtype=bool, count=len(v.reasons))
                 part = text.slice(v.lo, v.hi - v.lo).combine_chunks()
-                kept.write(pa.record_batch([part.filter(pa.array(~gone))], schema=TEXT_SCHEMA))
+                where = origin.slice(v.lo, v.hi - v.lo).combine_chunks()
+                kept.write(text_batch(part, where).filter(pa.array(~gone)))
                 if gone.any():
                     idx = np.flatnonzero(gone)
                     reasons = [v.reasons[i] for i in idx]
@@ -97,6 +113,7 @@ def apply_verdicts(
                                     pa.array(reasons, type=pa.string()),
                                     pa.array(details, type=pa.string()),
                                     part.take(pa.array(idx)),
+                                    where.take(pa.array(idx)),
                                 ],
                                 schema=DROPPED_SCHEMA,
                             )
@@ -109,6 +126,7 @@ def apply_verdicts(
                 reasons_text = ", ".join(f"{r}: {c:,}" for r, c in dropped.most_common())
                 raise DataError(f"{stage}: every one of {n:,} rows was dropped ({reasons_text}); {fix}")
             rows_out = kept.finish()
+            copy_origin_files(in_dir, out_dir)
             if spill is not None:
                 spill.finish()
         finally:

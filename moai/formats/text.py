@@ -4,6 +4,13 @@ We write Arrow record batches straight into the shard files of a `save_to_disk` 
 (`DatasetWriter`). No `datasets.map`/`filter` runs on our data: they write cache files next
 to their input (inside a published folder) and race in shared cache dirs, which is the
 `FileNotFoundError: .../tmpXXXX` our users hit.
+
+Every text folder has two columns: `text`, and `origin` (int64: the row's file index << 40 | its
+row number in that file, null where unknown), and convert writes `origins.json` beside the shards:
+the source's files (or hub dataset) and how each names a row (`"{file}:{row}"`, `"{file}[{row}]"`,
+`"{file}:row {row}"`, as convert's messages do). Each text stage keeps both as rows are kept
+(`copy_origin_files`), so a stored document names the file and row it came from (`moai.trace`).
+Readers take the text as column 0; the origin column costs 8 bytes a row.
 """
 
 from __future__ import annotations
@@ -15,16 +22,56 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-TEXT_SCHEMA = pa.schema([("text", pa.string())])
+TEXT_SCHEMA = pa.schema([("text", pa.string()), ("origin", pa.int64())])
+ORIGIN_FILES = "origins.json"
+ROW_BITS = 40  # origin = file index << ROW_BITS | row: rows up to 2**40, files up to 2**23
+
+
+def text_batch(text: pa.Array | list[str], origin: pa.Array | list[int] | None = None) -> pa.RecordBatch:
+    """A record batch of TEXT_SCHEMA; without `origin`, the origins are null (unknown)."""
+    text = text if isinstance(text, pa.Array) else pa.array(text, type=pa.string())
+    if origin is None:
+        origin = pa.nulls(len(text), type=pa.int64())
+    elif not isinstance(origin, pa.Array):
+        origin = pa.array(origin, type=pa.int64())
+    return pa.record_batch([text, origin], schema=TEXT_SCHEMA)
+
+
+def origin_column(table: pa.Table) -> pa.ChunkedArray:
+    """The origin column of a text table (all null for a table without one)."""
+    if "origin" in table.column_names:
+        return table.column("origin")
+    return pa.chunked_array([pa.nulls(table.num_rows, type=pa.int64())])
+
+
+def origins_of(table: pa.Table) -> np.ndarray:
+    """The origins of a text table's rows as int64, -1 where unknown."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    return origin_column(table).fill_null(-1).to_numpy().astype(np.int64, copy=False)
+
+
+def split_origin(origin: int) -> tuple[int, int]:
+    """(file index, row) of an origin."""
+    return origin >> ROW_BITS, origin & ((1 << ROW_BITS) - 1)
+
+
+def copy_origin_files(in_dir: Path, out_dir: Path) -> None:
+    """Keep the input's `origins.json` (the source's files) beside a stage's output."""
+    import shutil
+
+    src = Path(in_dir) / ORIGIN_FILES
+    if src.exists():
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, Path(out_dir) / ORIGIN_FILES)
 
 
 def write_text_dataset(batches: Iterable[list[str] | pa.RecordBatch], out_dir: Path, max_shard_size: str) -> int:
-    """Write batches of texts as a `save_to_disk` folder in `out_dir`; return the row count."""
+    """Write batches of texts (lists of str: origins unknown) as a `save_to_disk` folder in
+    `out_dir`; return the row count."""
     with DatasetWriter(out_dir, TEXT_SCHEMA, max_shard_size) as writer:
         for batch in batches:
-            if not isinstance(batch, pa.RecordBatch):
-                batch = pa.record_batch([pa.array(batch, type=pa.string())], schema=TEXT_SCHEMA)
-            writer.write(batch)
+            writer.write(batch if isinstance(batch, pa.RecordBatch) else text_batch(batch))
         return writer.finish()
 
 

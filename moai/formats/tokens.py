@@ -7,6 +7,10 @@ Token store (output of the tokenize stage), the flat layout of Megatron-LM, data
     <split>/part-00000.idx           int64 end offset of each document within the part
     <split>/part-00000.mask          uint8 per token, chat data only (tokens.json "loss_mask": true):
                                      1 where the token is trained on (assistant turns), else 0
+    <split>/part-00000.origin        int64 per document: where its text came from, file index << 40 |
+                                     row (-1: unknown), see `moai.formats.text`; 8 bytes a document
+    origins.json                     the source's files (or hub dataset) the file indices name, and
+                                     how each names a row ("{file}:{row}", "{file}[{row}]", ...)
 
 `TokenStore(path).split("train").loss_mask(i)` gives document i's mask, aligned with
 `.document(i)`; a store without masks (plain text) has `has_loss_mask` False and no mask files.
@@ -145,6 +149,24 @@ class TokenSplit:
                 out.append(np.fromfile(self.root / part["idx"], dtype="<i8") + base)
         return np.concatenate(out)
 
+    @cached_property
+    def origins(self) -> np.ndarray | None:
+        """Each document's origin (int64, -1: unknown), from the parts' `.origin` files; None for a
+        store written before origins were kept (rebuild it: the tokenize stage's version changed)."""
+        out = [np.zeros(0, dtype=np.int64)]
+        for part in self.parts:
+            if part["num_documents"]:
+                file = self.root / (part["idx"].removesuffix(".idx") + ".origin")
+                if not file.exists():
+                    return None
+                out.append(np.fromfile(file, dtype="<i8"))
+        origins = np.concatenate(out)
+        if len(origins) != self.num_documents:
+            raise CacheError.damaged(
+                self.root, f"the .origin files of split {self.name!r} hold {len(origins)} documents", what="token store"
+            )
+        return origins
+
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of the split's stream, across part boundaries."""
         return self._read(self._bins, start, stop, self.dtype)
@@ -204,6 +226,12 @@ class TokenStore:
     @property
     def splits(self) -> list[str]:
         return list(self.meta["splits"])
+
+    @cached_property
+    def origin_files(self) -> dict[str, list]:
+        """origins.json: {"files": [...], "where": [...]} (empty lists for a store without one)."""
+        file = self.path / "origins.json"
+        return json.loads(file.read_text()) if file.exists() else {"files": [], "where": []}
 
     def split(self, name: str) -> TokenSplit:
         if name not in self.meta["splits"]:

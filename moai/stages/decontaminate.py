@@ -27,7 +27,7 @@ from moai.stages.chain import declare
 log = logging.getLogger(__name__)
 
 NAME = "decontaminate"
-VERSION = 1
+VERSION = 2  # 2: kept and dropped rows keep their origin (`moai.formats.text`)
 MIN_WORDS = 5
 enabled, reads = declare(NAME)
 

@@ -36,7 +36,7 @@ from moai.stages.signatures import NAME as SIGNATURES, hasher
 log = logging.getLogger(__name__)
 
 NAME = "dedup"
-VERSION = 1
+VERSION = 2  # 2: kept and dropped rows keep their origin (`moai.formats.text`)
 READS_EARLIER = ("filter", SIGNATURES)  # dedup is the first stage after filter (moai.stages.chain)
 
 

@@ -20,11 +20,19 @@ from typing import Any
 
 from moai.config import FilterConfig, PipelineConfig
 from moai.errors import DataError
-from moai.formats.text import MappedTable, text_batches, text_bytes, write_text_dataset
+from moai.formats.text import (
+    TEXT_SCHEMA,
+    MappedTable,
+    copy_origin_files,
+    text_batch,
+    text_batches,
+    text_bytes,
+    write_text_dataset,
+)
 from moai.report import timing
 
 NAME = "filter"
-VERSION = 1
+VERSION = 2  # 2: keeps the origin column and origins.json (`moai.formats.text`)
 READS = ("convert",)
 
 
@@ -50,10 +58,24 @@ _FIXES = {
 }
 
 
+def reason_masks(cfg: FilterConfig, texts):
+    """(empty, too_short, too_long) boolean masks of a text array: each row in at most one, the
+    first rule that matches (`moai.trace` asks this of one row to say why it was dropped)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = texts.fill_null("")
+    length = pc.utf8_length(pc.utf8_trim_whitespace(text))
+    empty = pc.equal(length, 0)
+    short = pc.and_(pc.invert(empty), pc.less(length, cfg.min_chars))
+    long = pc.greater(length, cfg.max_chars) if cfg.max_chars else pa.array([False] * len(text))
+    long = pc.and_(long, pc.invert(pc.or_(empty, short)))
+    return empty, short, long
+
+
 def filter_text(
     cfg: FilterConfig, in_dir: Path, out_dir: Path, *, batch_size: int, max_shard_size: str
 ) -> dict[str, Any]:
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     started = time.perf_counter()
@@ -67,13 +89,10 @@ def filter_text(
     dropped = {"empty": 0, "too_short": 0, "too_long": 0}
 
     def kept():
-        for batch in text_batches(table, batch_size):
-            text = batch.column(0).fill_null("")
-            length = pc.utf8_length(pc.utf8_trim_whitespace(text))
-            empty = pc.equal(length, 0)
-            short = pc.and_(pc.invert(empty), pc.less(length, cfg.min_chars))
-            long = pc.greater(length, cfg.max_chars) if cfg.max_chars else pa.array([False] * len(text))
-            long = pc.and_(long, pc.invert(pc.or_(empty, short)))
+        for read in text_batches(table, batch_size):
+            # a text folder of an older moai has no origin column: its origins are unknown
+            batch = read if read.schema.equals(TEXT_SCHEMA) else text_batch(read.column(0))
+            empty, short, long = reason_masks(cfg, batch.column(0))
             dropped["empty"] += pc.sum(empty).as_py() or 0
             dropped["too_short"] += pc.sum(short).as_py() or 0
             dropped["too_long"] += pc.sum(long).as_py() or 0
@@ -82,6 +101,7 @@ def filter_text(
             mapped.release()  # written: keep resident memory flat over the corpus
 
     rows_out = write_text_dataset(kept(), out_dir, max_shard_size)
+    copy_origin_files(in_dir, out_dir)
     if rows_out == 0:
         counts = ", ".join(f"{reason}: {n}" for reason, n in dropped.items() if n)
         fixes = [fix for reason, fix in _FIXES.items() if dropped[reason]]

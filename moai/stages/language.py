@@ -20,7 +20,9 @@ from moai.config import LanguageConfig, PipelineConfig
 from moai.stages.chain import declare
 
 NAME = "language"
-VERSION = 2  # 2: code detection finds records that carry code (moai.clean.code); count code_exempt
+# 2: code detection finds records that carry code (moai.clean.code); count code_exempt
+# 3: kept and dropped rows keep their origin (`moai.formats.text`)
+VERSION = 3
 enabled, reads = declare(NAME)
 
 

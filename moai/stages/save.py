@@ -16,12 +16,20 @@ import numpy as np
 
 from moai.config import PipelineConfig, SplitConfig
 from moai.errors import DataError
-from moai.formats.text import TEXT_SCHEMA, DatasetWriter, MappedTable, text_bytes
+from moai.formats.text import (
+    TEXT_SCHEMA,
+    DatasetWriter,
+    MappedTable,
+    copy_origin_files,
+    origin_column,
+    text_batch,
+    text_bytes,
+)
 from moai.report import timing
 from moai.stages.chain import before
 
 NAME = "save"
-VERSION = 1
+VERSION = 2  # 2: keeps the origin column and origins.json (`moai.formats.text`)
 
 
 def reads(config: PipelineConfig) -> tuple[str, ...]:
@@ -63,6 +71,7 @@ def save(
     n = table.num_rows
     if n == 0:
         raise DataError(f"{in_dir}: no rows to save")
+    origin = origin_column(table)
     is_val = np.zeros(n, dtype=bool)
     is_val[validation_rows(n, cfg)] = True
     with (
@@ -71,13 +80,15 @@ def save(
     ):
         for lo in range(0, n, batch_rows):
             text = table.column(0).slice(lo, min(batch_rows, n - lo)).combine_chunks()
+            rows = text_batch(text, origin.slice(lo, len(text)).combine_chunks())
             val = is_val[lo : lo + len(text)]
-            train.write(pa.record_batch([text.filter(pa.array(~val))], schema=TEXT_SCHEMA))
+            train.write(rows.filter(pa.array(~val)))
             if val.any():
-                validation.write(pa.record_batch([text.filter(pa.array(val))], schema=TEXT_SCHEMA))
+                validation.write(rows.filter(pa.array(val)))
             mapped.release()  # text already copied out: keep resident memory flat over the corpus
         splits = {"train": train.finish(), "validation": validation.finish()}
     (out_dir / "dataset_dict.json").write_text(json.dumps({"splits": list(splits)}))
+    copy_origin_files(in_dir, out_dir)
     return {
         "rows_in": n,
         "rows_out": n,

@@ -115,3 +115,23 @@ def test_the_mix_table_gives_each_source_its_target_and_realised_tokens(tmp_path
     assert "| ko | 0.6 (60.00%) |" in table and "| 1,920 | 1,920 | 60.00% | 60 |" in table
     assert "| en | 0.1 (10.00%) |" in table and "| 320 | 320 | 10.00% | 10 |" in table
     assert artifacts.artifact_key("tokenize[Ko_v2.1]-progress") == "tokenize-ko-v2-1-progress"  # Prefect's rule
+
+
+def test_the_spikes_card_names_each_spikes_documents_by_file_and_row():
+    spikes = [
+        {
+            "step": 1200,
+            "loss": 7.5,
+            "jump": 4.25,
+            "num_documents": 14,
+            "documents": [
+                {"source": "web", "where": "data/a.jsonl:17", "tokens": 1900, "preview": "zzzz\nzzzz | zz"},
+                {"source": "code", "where": "data/b.parquet:row 3", "tokens": 148, "preview": "def f(x):"},
+            ],
+        }
+    ]
+    md = artifacts.spikes_markdown(spikes)
+    assert "## Step 1,200: loss 7.5000 (+4.2500)" in md and "14 documents in the batch" in md
+    assert "`data/a.jsonl:17`" in md and "`data/b.parquet:row 3`" in md and "1,900" in md
+    assert "zzzz zzzz \\| zz" in md  # newlines folded, pipes escaped: one table row per document
+    assert "No logged loss yet" in artifacts.spikes_markdown([])

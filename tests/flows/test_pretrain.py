@@ -77,6 +77,8 @@ def test_a_finished_run_shows_its_overview_and_training_chart_and_a_rerun_tells_
     assert "<svg" in svg and "loss (smoothed)" in svg and str(tmp_path / "run") in svg
     assert found["train-progress"].data == 100.0
     assert not any(k.endswith("-output") for k in found)  # no file:// link cards
+    spikes = found["loss-spikes"].data  # the biggest loss jumps, traced to their documents' files and rows
+    assert spikes.startswith("# Loss spikes") and "## Step " in spikes and f"`{corpus}:" in spikes, spikes[:500]
 
     second = pretrain(cfg, return_state=True)
     assert second.is_completed(), second

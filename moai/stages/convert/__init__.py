@@ -40,15 +40,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import string
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from moai.config import PipelineConfig, SourceConfig, template_fields
 from moai.errors import DataError
-from moai.formats.text import write_text_dataset
+from moai.formats.text import ORIGIN_FILES, ROW_BITS, text_batch, write_text_dataset
 from moai.report import timing
 from moai.stages.convert.fingerprint import (
     FileRead,
@@ -64,8 +67,12 @@ __all__ = ["FORMATS", "NAME", "READS", "VERSION", "build", "convert", "settings"
 
 log = logging.getLogger(__name__)
 
+_ROW_NUMBER = re.compile(r"(\d+)\]?$")  # the row's number at the end of a reader's `where`
+
 NAME = "convert"
-VERSION = 2  # 2: a value that is not text is a bad row, no longer its repr; .txt lines end at \n or \r\n only
+# 2: a value that is not text is a bad row, no longer its repr; .txt lines end at \n or \r\n only
+# 3: an `origin` column (file index, row) beside the text, and origins.json naming the files
+VERSION = 3
 READS = ("source",)  # the root: `source_fingerprint` of the files (or the hub dataset)
 
 
@@ -270,31 +277,40 @@ def convert(
     started = time.perf_counter()
     rows = Rows(source)
     read: list[FileRead] = []
+    located: Iterator[tuple[int, str, dict[str, Any]]]
     if source.hub is not None:
-        located: Iterator[tuple[str, dict[str, Any]]] = hub_rows(source, rows, writer_batch_size)
+        located = ((0, *item) for item in hub_rows(source, rows, writer_batch_size))
         files = [source.hub]
     else:
         paths = source_files(source)
         files = [str(p) for p in paths]
-        located = (item for p in paths for item in file_rows(p, source, rows, read))
+        located = ((i, *item) for i, p in enumerate(paths) for item in file_rows(p, source, rows, read))
+    wheres: list[str | None] = [None] * len(files)
 
-    def batches() -> Iterator[list[str]]:
+    def batches() -> Iterator[pa.RecordBatch]:
         buf: list[str] = []
-        for where, row in located:
+        origins: list[int] = []
+        for file, where, row in located:
             text = _text_of(row, source, rows, where)
             if text is None or not _unicode(text, row, source, rows, where):
                 continue
             rows.kept += 1
             buf.append(text)
+            number = _ROW_NUMBER.search(where)
+            assert number is not None, where  # every reader's `where` ends in the row's number
+            origins.append(file << ROW_BITS | int(number.group(1)))
+            if wheres[file] is None:
+                wheres[file] = "{file}" + where[len(files[file]) : number.start(1)] + "{row}" + where[number.end(1) :]
             if len(buf) >= writer_batch_size:
-                yield buf
-                buf = []
+                yield text_batch(buf, origins)
+                buf, origins = [], []
         if source.hub is None:  # the `datasets` fingerprint of a hub dataset is its own affair
             check_read(source, source_fp, read)
         if buf:
-            yield buf
+            yield text_batch(buf, origins)
 
     rows_out = write_text_dataset(batches(), out_dir, max_shard_size)
+    (out_dir / ORIGIN_FILES).write_text(json.dumps({"files": files, "where": wheres}))
     if rows_out == 0:  # raised inside the build: the store publishes nothing
         raise DataError(_no_documents(source, rows, read))
     return {

@@ -75,6 +75,7 @@ from moai.stages.tokenize.parts import (
     plan_parts,
     store_counts,
     token_dtype,
+    write_origins,
     write_store_meta,
 )
 from moai.stages.tokenizer import TokenizerInfo, info_of
@@ -120,7 +121,7 @@ log = logging.getLogger(__name__)
 # 2: the backend runs as transformers runs it (no truncation/padding from tokenizer.json,
 # split_special_tokens applied); giant documents in exact pieces; checked against transformers.
 NAME = "tokenize"
-VERSION = 2
+VERSION = 3  # 3: a `.origin` beside each part, origins.json beside tokens.json
 READS = ("save", "tokenizer")
 WARM_UP_DOCUMENTS = 64
 
@@ -191,6 +192,7 @@ def tokenize(
         results = _encode_all(jobs, pool, None if pool is None else str(setup_file), started, progress, on_progress)
     seconds = time.perf_counter() - started
     dtype = token_dtype(info.vocab_size)
+    write_origins(text_dir, out_dir, [(j.split, j.index, j.start, j.stop) for j in jobs])
     counts = store_counts(write_store_meta(info, out_dir, results), results)
     own_mb, workers_mb = _peak_rss_mb()
     text_mb = sum(float(text_bytes(MappedTable(text_dir, split).table).sum()) for split in SPLITS) / 1e6

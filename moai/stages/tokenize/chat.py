@@ -189,7 +189,7 @@ def tokenize_chat(
     """Write a token store with loss masks from the saved chat text: one part per split."""
     from datasets import load_from_disk
 
-    from moai.stages.tokenize.parts import SPLITS, token_dtype
+    from moai.stages.tokenize.parts import SPLITS, token_dtype, write_origins
 
     started = time.perf_counter()
     chat = ChatTokenizer(tokenizer, template, eos_id)
@@ -235,6 +235,7 @@ def tokenize_chat(
         "splits": splits,
     }
     (out_dir / "tokens.json").write_text(json.dumps(meta, indent=2))
+    write_origins(text_dir, out_dir, [(s, 0, 0, splits[s]["num_documents"]) for s in SPLITS if s in data])
     docs = sum(s["num_documents"] for s in splits.values())
     seconds = time.perf_counter() - started
     return {

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from moai.formats.text import MappedTable, open_split_table, row_bytes, text_bytes
+from moai.formats.text import MappedTable, copy_origin_files, open_split_table, origins_of, row_bytes, text_bytes
 from moai.formats.tokens import STORE_FORMAT
 from moai.stages.tokenize import engines, pieces
 from moai.stages.tokenize.engine import state
@@ -311,6 +311,19 @@ def plan_parts(info: TokenizerInfo, text_dir: Path, out_dir: Path, batch_size: i
         for i, (lo, hi) in enumerate(part_ranges(sizes)):
             jobs.append(PartJob(str(text_dir), split, i, lo, hi, str(out_dir), dtype.str, info.eos_id, batch_size))
     return jobs
+
+
+def write_origins(text_dir: Path, out_dir: Path, parts: list[tuple[str, int, int, int]]) -> None:
+    """Each part's `.origin` (int64 per document: the origin of the text row it was encoded from,
+    -1 if unknown; `moai.formats.text`) from parts given as (split, index, start row, stop row),
+    and the source's files (`origins.json`) beside tokens.json. Documents are rows in order, one
+    document per row, so this reads the origin column only, never the text or the ids."""
+    origins: dict[str, np.ndarray] = {}
+    for split, index, start, stop in parts:
+        if split not in origins:
+            origins[split] = origins_of(open_split_table(text_dir, split))
+        origins[split][start:stop].astype("<i8").tofile(out_dir / split / f"part-{index:05d}.origin")
+    copy_origin_files(text_dir, out_dir)
 
 
 def write_store_meta(info: TokenizerInfo, out_dir: Path, results: list[dict[str, Any]]) -> dict[str, Any]:

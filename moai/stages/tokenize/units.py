@@ -20,7 +20,15 @@ from typing import Any
 from moai.config import ConfigError
 from moai.errors import DataError
 from moai.stages.tokenize.engine import choose_encoder, clear_encoder, init_encoder
-from moai.stages.tokenize.parts import SPLITS, PartJob, encode_parts, plan_parts, store_counts, write_store_meta
+from moai.stages.tokenize.parts import (
+    SPLITS,
+    PartJob,
+    encode_parts,
+    plan_parts,
+    store_counts,
+    write_origins,
+    write_store_meta,
+)
 from moai.stages.tokenizer import TokenizerInfo
 from moai.store import Store
 
@@ -134,6 +142,7 @@ def merge(
             | {k: report.get(k, 0) for k in ("large_documents", "forced_cuts")}
         )
         engines.add(report["engine"])
+    write_origins(text_dir, out_dir, [(j.split, j.index, j.start, j.stop) for j in jobs])
     return {
         **store_counts(write_store_meta(info, out_dir, results), results),
         "parts": len(jobs),
