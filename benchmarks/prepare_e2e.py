@@ -10,7 +10,7 @@ load on a shared machine falls on all of them alike); peak RSS is the largest pr
 - moai: `moai prepare` with an empty cache (convert, filter, save, tokenizer, tokenize, pack):
   wall time end to end (JSONL MB/s) and the tokenize stage's own seconds (engine check + encoding
   + writing); with `--quarter`, the same on the first quarter of the corpus's lines too, for the
-  peak-RSS ratio;
+  peak-RSS ratio; with `--splits 2x1 ...`, again with tokenize's processes × threads set so;
 - the raw engines on the texts moai saved (loaded into memory before timing, the encode alone
   timed, all cores): fastokens `encode_batch_flat`, gigatoken's native `encode_batch` (arrays) and
   its HF-compatible call, tiktoken (the tokenizer.json translated, when it can be), `tokenizers`
@@ -152,13 +152,18 @@ def run_encode_files(texts_jsonl: Path, tokenizer: Path) -> dict:
     return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": texts_jsonl.stat().st_size / 1e6}
 
 
-def run_moai(corpus: Path, tokenizer: Path, template: str | None, seq_len: int, work: Path) -> dict:
+def run_moai(
+    corpus: Path, tokenizer: Path, template: str | None, seq_len: int, work: Path, split: str | None = None
+) -> dict:
     cache = work / "cache"
     shutil.rmtree(cache, ignore_errors=True)
     cfg: dict = {"cache_dir": str(cache), "source": {"path": str(corpus)}, "tokenizer": {"path": str(tokenizer)}}
     if template:
         cfg["source"]["text_template"] = template
     cfg["pack"] = {"seq_len": seq_len}
+    if split:  # processes x threads set in the config instead of the plan's
+        procs, threads = (int(x) for x in split.split("x"))
+        cfg["tokenize"] = {"num_proc": procs, "threads_per_proc": threads}
     path = work / "prepare.yaml"
     path.write_text(json.dumps(cfg))
     started = time.perf_counter()
@@ -214,6 +219,7 @@ def main() -> None:
     parser.add_argument("--quarter", action="store_true", help="moai on the first quarter of the lines too (RSS)")
     parser.add_argument("--encode-files", action="store_true", help="gigatoken encode_files on the JSONL")
     parser.add_argument("--datatrove", action="store_true", help="datatrove's DocumentTokenizer on the texts")
+    parser.add_argument("--splits", nargs="*", default=[], help="moai again with tokenize PxT set, e.g. 2x1")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)  # internal: one contender in this process
     args = parser.parse_args()
@@ -221,7 +227,8 @@ def main() -> None:
     if args.run:
         kind, *rest = args.run
         if kind == "moai":
-            r = run_moai(args.corpus, args.tokenizer, args.text_template, args.seq_len, Path(rest[0]))
+            split = rest[1] if len(rest) > 1 else None
+            r = run_moai(args.corpus, args.tokenizer, args.text_template, args.seq_len, Path(rest[0]), split)
         elif kind == "encode-files":
             r = run_encode_files(Path(rest[0]), args.tokenizer)
         elif kind == "datatrove":
@@ -253,6 +260,7 @@ def main() -> None:
                 qbase = [*base]
                 qbase[1] = str(quarter)
                 contenders.append(("moai (quarter)", [*qbase, "--run", "moai", str(work / "moai-q")]))
+            contenders += [(f"moai {x}", [*base, "--run", "moai", str(work / "moai"), x]) for x in args.splits]
             contenders += [(k, [*base, "--run", k, str(saved)]) for k in args.raw]
             if args.encode_files:
                 texts_jsonl = work / "texts.jsonl"

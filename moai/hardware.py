@@ -255,10 +255,12 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
 
 # fastokens and gigatoken encode at hundreds of MB/s a core with their own thread pools: the
 # Python side around them (text out of Arrow, ids to the part files) becomes the work. Measured on
-# 2 cores (benchmarks/prepare_e2e.py, 600 MB of instruction records, Tekken 131k): one process with 2
-# threads beat 2 processes × 1 thread, whose start-up (~1 s each: interpreter, imports, encoder)
-# cost more than the second Python side saved. Past SMALL_MACHINE_CORES one process per
-# FAST_ENGINE_THREADS cores keeps several Python sides fed (not measured: no such machine here).
+# 2 cores (the tokenize stage on 565 MB of instruction records, Tekken 131k, 2 interleaved rounds
+# on a loaded machine): encoding 5.2 and 6.1 s with 1 process × 2 threads against 7.7 and 9.2 s
+# with 2 processes × 1 thread, whose start-up (interpreter, imports, the 131k-vocabulary encoder)
+# costs more than the second Python side saves (docs/performance.md, "Fast engines"). Past
+# SMALL_MACHINE_CORES one process per FAST_ENGINE_THREADS cores keeps several Python sides fed
+# (not measured: no such machine here).
 FAST_ENGINE_THREADS = 8
 
 
@@ -269,8 +271,8 @@ def _fast_engine_split(cores: int, procs: int | None, threads: int | None) -> De
     if cores <= SMALL_MACHINE_CORES:
         return Decision(
             (1, cores),
-            f"{cores} cores: fastokens/gigatoken in one process with {cores} threads (2 cores: faster than 2×1, "
-            "benchmarks/prepare_e2e.py)",
+            f"{cores} cores: fastokens/gigatoken in one process with {cores} threads (2 cores: encoding 1.5× "
+            "faster than 2 processes × 1 thread, docs/performance.md)",
         )
     p = max(1, cores // FAST_ENGINE_THREADS)
     return Decision(
