@@ -105,8 +105,13 @@ def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3
         run = moai_cli("prepare", f"{name}.yaml", "-v", cwd=tmp_path, env=s3_server.env())
         assert run.returncode == 0, run.stderr[-3000:]
         outputs.append(run.stdout + run.stderr)
-    local_tokens = sorted(store_files(tmp_path / "local" / "tokenize").values())
-    assert len(local_tokens) > 1 and local_tokens == sorted(store_files(tmp_path / "remote" / "tokenize").values())
+    # the same ids, boundaries and rows; only where the rows came from (origins.json) names other files
+    local, remote = store_files(tmp_path / "local" / "tokenize"), store_files(tmp_path / "remote" / "tokenize")
+    assert {p.name for p in local} == {p.name for p in remote}
+    local_tokens = sorted(v for p, v in local.items() if p.name != "origins.json")
+    assert len(local_tokens) > 1 and local_tokens == sorted(v for p, v in remote.items() if p.name != "origins.json")
+    (origins,) = [json.loads(v) for p, v in remote.items() if p.name == "origins.json"]
+    assert origins["files"] == [f"s3://{s3_bucket}/corpus/s{i}.jsonl.zst" for i in range(3)]
     secret = s3_server.secret.encode()
     written = [p for p in (tmp_path / "remote").rglob("*") if p.is_file() and secret in p.read_bytes()]
     assert written == [] and s3_server.secret not in outputs[1]

@@ -16,9 +16,8 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from moai.formats.text import (
     text_bytes,
 )
 from moai.report import timing
+from moai.workers import spawn_pool
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +194,8 @@ def judge_rows(
         finally:
             _worker.clear()
         return
-    with ProcessPoolExecutor(
-        num_proc, mp_context=get_context("spawn"), initializer=_init, initargs=(judge, params, str(in_dir))
-    ) as pool:
+    # workers start with SIGINT left to this process (Ctrl-C: one line, see moai.workers)
+    with spawn_pool(num_proc, _init, (judge, params, str(in_dir))) as pool:
         window: list[Future[Verdicts]] = []
         todo = iter(ranges)
         for lo, hi in todo:
