@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from moai.errors import TokenizerError
-from moai.formats.text import open_split_table, row_bytes, text_bytes
+from moai.formats.text import MappedTable, open_split_table, row_bytes, text_bytes
 from moai.stages.tokenize import engines, pieces
 from moai.stages.tokenize.tiktoken import NotExpressible, TiktokenSpec, spec_from_tokenizer_json
 from moai.stages.tokenizer import TokenizerInfo, loaded_tokenizer
@@ -159,7 +159,8 @@ def sample_texts(
     text_dir: Path, n: int = VERIFY_DOCUMENTS, max_bytes: int = VERIFY_BYTES, doc_bytes: int = VERIFY_DOCUMENT_BYTES
 ) -> list[str]:
     """Up to n documents (about max_bytes of text, each cut to doc_bytes) spread over the train split."""
-    table = open_split_table(text_dir, "train")
+    mapped = MappedTable(text_dir, "train")
+    table = mapped.table
     if table.num_rows == 0:
         return []
     sizes = np.minimum(text_bytes(table), doc_bytes)
@@ -168,8 +169,16 @@ def sample_texts(
     rows = np.unique(np.linspace(0, table.num_rows - 1, num=n).astype(np.int64))
     # Row by row from the mapped buffers: `take` on a chunked string column concatenates the
     # chunks first, and `as_py` would copy a whole giant document; this reads doc_bytes at most.
+    # Each read faults in far more of the mapped file than the row (readahead): 1,336 rows spread
+    # over 565 MB of text held ~450 MB resident. Dropping the pages every few rows keeps it small.
     column = table.column(0)
-    return [_utf8_prefix(row_bytes(column, int(r)), doc_bytes) for r in rows]
+    out = []
+    for i, r in enumerate(rows):
+        out.append(_utf8_prefix(row_bytes(column, int(r)), doc_bytes))
+        if i % 32 == 31:
+            mapped.release()
+    mapped.release()
+    return out
 
 
 def _utf8_prefix(data, limit: int) -> str:
