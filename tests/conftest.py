@@ -155,6 +155,20 @@ def moai_cli(*args: str, cwd, env: dict[str, str] | None = None, timeout: float 
     )
 
 
+def moai_started(*args: str, cwd) -> subprocess.Popen:
+    """`python -m moai.cli ARGS` started in `cwd` in a session (process group) of its own, output
+    piped as text: a test can signal it and its workers, as a terminal's Ctrl-C or a kill would."""
+    return subprocess.Popen(
+        [PYTHON, "-m", "moai.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        cwd=cwd,
+        start_new_session=True,
+    )
+
+
 # The tiny Llama the training tests launch (`train.model`).
 TINY_MODEL = {
     "model_type": "llama",

@@ -1,13 +1,12 @@
 import json
 import os
 import signal
-import subprocess
 import time
 
 import pytest
 import yaml
 
-from conftest import PYTHON, config_dict, moai_cli as moai, subprocess_env
+from conftest import config_dict, moai_cli as moai, moai_started
 
 # Every test here runs the CLI in a subprocess.
 pytestmark = pytest.mark.slow
@@ -81,15 +80,7 @@ def tokenizer_corpus(tmp_path_factory):
 )
 def test_an_interrupt_is_one_line_promptly_even_while_a_tokenizer_trains(tokenizer_corpus, sig, whole_group):
     cfg, cache = tokenizer_corpus
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "moai.cli", "prepare", str(cfg), "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-        cwd=cfg.parent,
-        start_new_session=True,
-    )
+    proc = moai_started("prepare", str(cfg), "--no-progress", cwd=cfg.parent)
     deadline = time.monotonic() + 120
     while not list((cache / "tokenizer").glob(".tmp-*")):  # the Rust trainer is running
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PYTHON, config_dict, make_texts, subprocess_env, write_jsonl
+from conftest import PYTHON, config_dict, make_texts, moai_started, subprocess_env, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +64,7 @@ def test_an_interrupt_at_any_moment_is_one_line_and_leaves_no_process_or_lock(
     run_config, sig, whole_group, after, delay
 ):
     cfg, cache = run_config
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "moai.cli", "prepare", str(cfg), "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-        cwd=cfg.parent,
-        start_new_session=True,  # its own group: a Ctrl-C reaches it and its workers only
-    )
+    proc = moai_started("prepare", str(cfg), "--no-progress", cwd=cfg.parent)
     try:
         if after == "tokenize":
             deadline = time.monotonic() + 120
@@ -141,15 +133,7 @@ def test_tokenize_workers_leave_ctrl_c_to_the_main_process(run_config, tmp_path)
     data["cache_dir"] = str(tmp_path / "cache")  # its own: tokenize is built, with its workers
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data))
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "moai.cli", "prepare", str(cfg), "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-        cwd=cfg.parent,
-        start_new_session=True,
-    )
+    proc = moai_started("prepare", str(cfg), "--no-progress", cwd=cfg.parent)
     try:
         deadline = time.monotonic() + 120
         workers: list[int] = []

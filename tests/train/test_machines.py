@@ -18,7 +18,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import PYTHON, ROOT, subprocess_env
+from conftest import ROOT, moai_started
 from learnable import config, learnable_corpus
 from moai.config import ConfigError
 from moai.launch import free_port
@@ -60,15 +60,7 @@ def start(cfg: dict, where: Path, args: list[str], **train) -> subprocess.Popen:
     """`moai train CONFIG ARGS` in its own process group, `train` merged into the config's train section."""
     f = where / f"config-{time.monotonic_ns()}.yaml"
     f.write_text(yaml.safe_dump({**cfg, "train": {**cfg["train"], **train}}))
-    return subprocess.Popen(
-        [PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-        cwd=where,
-        start_new_session=True,
-    )
+    return moai_started("train", str(f), "--no-progress", *args, cwd=where)
 
 
 def machine(rank: int, port: int) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PYTHON, ROOT, TINY_MODEL, subprocess_env
+from conftest import PYTHON, ROOT, TINY_MODEL, moai_started, subprocess_env
 from learnable import config, learnable_corpus
 from moai.config import parse_config
 from moai.launch import Launch, TrainingFailed, launch_command, run_launch
@@ -284,15 +284,7 @@ def test_ctrl_c_during_training_is_one_line_and_leaves_no_rank(learnable, tmp_pa
     out = tmp_path / "long"
     f = tmp_path / "long.yaml"
     f.write_text(yaml.safe_dump(config(root, corpus, tok, out, num_processes=2, max_steps=100_000, save_every=1000)))
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "moai.cli", "train", str(f), "--no-progress"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=subprocess_env(),
-        cwd=tmp_path,
-        start_new_session=True,
-    )
+    proc = moai_started("train", str(f), "--no-progress", cwd=tmp_path)
     assert proc.stdout is not None
     for line in proc.stdout:  # training is under way
         if line.startswith('{"step": 2,'):
