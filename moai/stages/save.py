@@ -42,9 +42,12 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 
 
 def build(ctx, out: Path) -> dict[str, Any]:
-    return save(
-        ctx.config.split, ctx.path(before(ctx.config, NAME)), out, max_shard_size=ctx.config.save.max_shard_size
-    )
+    from moai.stages.tokenize import reference
+
+    in_dir = ctx.path(before(ctx.config, NAME))
+    # transformers' process (if one runs) samples what this writes for the tokenize check, meanwhile
+    reference.sample_ahead(ctx.key, in_dir, ctx.config.split)
+    return save(ctx.config.split, in_dir, out, max_shard_size=ctx.config.save.max_shard_size)
 
 
 def validation_rows(num_rows: int, cfg: SplitConfig) -> np.ndarray:

@@ -2,7 +2,9 @@
 the tokenizer's description and the check's ids from it, the ids stay exact, and only a folder with
 the very same files is served by it."""
 
+import json
 import shutil
+from pathlib import Path
 
 import datasets
 import pytest
@@ -24,11 +26,13 @@ def test_a_cold_prepare_loads_transformers_only_in_the_reference_process(tmp_pat
 
     monkeypatch.setattr(tokenizer_stage, "loaded_tokenizer", not_here)
     served = []
-    original = reference.Reference.ids
-    monkeypatch.setattr(reference.Reference, "ids", lambda self, texts: served.append(1) or original(self, texts))
+    original = reference.Reference.prefetched
+    monkeypatch.setattr(reference.Reference, "prefetched", lambda self, tag: served.append(tag) or original(self, tag))
     cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
     result = prepare(cfg, progress=False)
-    assert served, "the tokenize check took transformers' ids from the reference process"
+    assert served == [result["stages"]["save"]["key"]], "the check asked for the sample made during save"
+    manifest = json.loads((Path(result["token_store"]) / "_manifest.json").read_text())["report"]
+    assert manifest["check_sampled_ahead"] is True and manifest["check_parts"]["transformers"] == 0
     assert not reference._running and not engines._prebuilt  # the process ended with the run
 
     # exact as ever: every stored document is transformers' ids + EOS
@@ -77,3 +81,28 @@ def test_no_process_for_remote_code_chat_data_or_a_hub_name(tmp_path, tokenizer_
         cfg = parse_config(config_dict(tmp_path, "x.jsonl", tokenizer, source=source))
         with reference.prefetch(cfg) as ref:
             assert ref is None
+
+
+@pytest.mark.slow
+def test_the_sample_made_during_save_is_the_checks_own_sample(tmp_path, corpus, tokenizer_dir):
+    """What the process samples from save's input before save writes is what `sample_texts` reads from
+    save's output (train split, validation rows taken out), and its ids are transformers' own."""
+    from moai.stages.save import save
+    from moai.stages.tokenize.engine import sample_texts, sample_texts_before_save
+
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}, split={"val_fraction": 0.3}))
+    result = prepare(cfg, progress=False)
+    save_input = tmp_path / "cache" / "filter" / result["stages"]["filter"]["key"]
+    save_output = tmp_path / "cache" / "save" / result["stages"]["save"]["key"]
+    assert sample_texts_before_save(save_input, cfg.split) == sample_texts(save_output)
+
+    again = tmp_path / "again"
+    with reference.prefetch(cfg) as ref:
+        assert ref is not None
+        reference.sample_ahead("tag", save_input, cfg.split)
+        save(cfg.split, save_input, again, max_shard_size=cfg.save.max_shard_size)
+        texts, (ids, offsets) = ref.prefetched("tag")
+        assert ref.prefetched("tag") is None and ref.prefetched("never asked") is None  # taken once
+    assert texts == sample_texts(again) and len(texts) > 10
+    want = load_tokenizer(str(tokenizer_dir))(texts)["input_ids"]
+    assert engines.lists_of((ids, offsets)) == want

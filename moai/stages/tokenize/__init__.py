@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import pickle
 import resource
@@ -145,12 +146,14 @@ def tokenize(
     progress: bool = True,
     on_progress: Callable[[float], None] | None = None,
     reference: Reference | None = None,
+    prefetched: Callable[[], tuple[list[str], Any] | None] | None = None,
 ) -> dict[str, Any]:
     """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`.
 
     `num_proc` × `threads_per_proc` is the split for tiktoken and `tokenizers`; `fast_split`
     (processes, threads) the one for fastokens and gigatoken, which run their own thread pools
-    (default: the same). `reference` gives transformers' ids of the sample (default: loaded here)."""
+    (default: the same). `reference` gives transformers' ids of the sample (default: loaded here);
+    `prefetched` gives the sample and those ids, made while save wrote `text_dir` (`reference`), or None."""
 
     log.info(
         "tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
@@ -169,7 +172,9 @@ def tokenize(
             # its encoder from the checked set-up before its first part (`encode_part_with`).
             pool = _start_pool(stack, *classic)
         checked = time.perf_counter()
-        choice = choose_encoder(info, text_dir, engine, (fast if engine_is_fast(engine) else classic)[1], reference)
+        threads = (fast if engine_is_fast(engine) else classic)[1]
+        ahead = prefetched() if prefetched is not None else None  # waits for them: part of the check
+        choice = choose_encoder(info, text_dir, engine, threads, reference, ahead)
         check_seconds = time.perf_counter() - checked
         num_proc, threads_per_proc = fast if choice.engine in FAST_ENGINES else classic
         if choice.setup.threads != threads_per_proc:
@@ -210,6 +215,8 @@ def tokenize(
         "peak_rss_mb": own_mb,
         "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
         "check_seconds": round(check_seconds, 3),
+        "check_sampled_ahead": ahead is not None,  # sample and transformers' ids made during save
+        "check_parts": choice.seconds,
         "profile": process_profiles(results),
         "warnings": info.warnings,
     }
@@ -339,6 +346,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
     if "num_shards" in ctx.options:
         return units.merge(ctx.store, ctx.key, info, ctx.path("save"), out, ctx.options["num_shards"] or None)
     p = ctx.plan
+    ref = _reference(info)
     return tokenize(
         info,
         ctx.path("save"),
@@ -350,16 +358,16 @@ def build(ctx, out: Path) -> dict[str, Any]:
         fast_split=p.fast_engines.value,
         progress=ctx.progress,
         on_progress=ctx.on_progress,
-        reference=_reference_ids(info),
+        reference=None if ref is None else ref.ids,
+        prefetched=None if ref is None else functools.partial(ref.prefetched, ctx.inputs["save"].key),
     )
 
 
-def _reference_ids(info: TokenizerInfo) -> Reference | None:
-    """transformers' ids from the process that loaded this tokenizer ahead of time, if one did."""
+def _reference(info: TokenizerInfo):
+    """The process that loaded this tokenizer with transformers ahead of time, if one did."""
     from moai.stages.tokenize import reference
 
-    ref = None if info.trust_remote_code else reference.for_folder(info.path)
-    return ref.ids if ref is not None else None
+    return None if info.trust_remote_code else reference.for_folder(info.path)
 
 
 def tokenize_chat_source(config: PipelineConfig, info: TokenizerInfo, text_dir: Path, out: Path, *, sharded: bool):

@@ -113,14 +113,14 @@ def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, 
 
 
 def choose_engine(
-    requested: str, info: TokenizerInfo, sample: list[str], threads: int, want: list[list[int]]
+    requested: str, info: TokenizerInfo, sample: list[str], threads: int, want: list[list[int]] | engines.Flat
 ) -> tuple[EncoderSetup, engines.Encoder, dict[str, str]]:
     """The first engine (in `engines.ENGINES` order, or the one named) whose ids equal `want`
     (transformers' ids of the sample) on every sampled document: its set-up, its encoder, and one
     line per engine tried (the chosen one last). An engine named in the config that is not exact
     is an error, and so is `auto` when not even `tokenizers` is: nothing is written."""
     names = [e.name for e in engines.ENGINES] if requested == "auto" else [requested]
-    target = engines.flat_of(want)
+    target = want if isinstance(want, tuple) else engines.flat_of(want)
     tried: dict[str, str] = {}
     for name in names:
         setup, encoder, why = try_engine(name, info, sample, threads, target)
@@ -155,23 +155,49 @@ def check_pieces(encoder: engines.Encoder, sample: list[str], want: list[list[in
     return bad
 
 
+def sample_rows(
+    sizes: np.ndarray, n: int = VERIFY_DOCUMENTS, max_bytes: int = VERIFY_BYTES, doc_bytes: int = VERIFY_DOCUMENT_BYTES
+) -> np.ndarray:
+    """Which of the documents of text sizes `sizes` the check samples: up to n (about max_bytes of
+    text, each cut to doc_bytes), spread evenly over them."""
+    if len(sizes) == 0:
+        return np.empty(0, dtype=np.int64)
+    sizes = np.minimum(sizes, doc_bytes)
+    mean = max(1.0, float(sizes.mean()))
+    n = max(1, min(n, len(sizes), int(max_bytes / mean)))
+    return np.unique(np.linspace(0, len(sizes) - 1, num=n).astype(np.int64))
+
+
 def sample_texts(
     text_dir: Path, n: int = VERIFY_DOCUMENTS, max_bytes: int = VERIFY_BYTES, doc_bytes: int = VERIFY_DOCUMENT_BYTES
 ) -> list[str]:
     """Up to n documents (about max_bytes of text, each cut to doc_bytes) spread over the train split."""
     mapped = MappedTable(text_dir, "train")
-    table = mapped.table
-    if table.num_rows == 0:
-        return []
-    sizes = np.minimum(text_bytes(table), doc_bytes)
-    mean = max(1.0, float(sizes.mean()))
-    n = max(1, min(n, table.num_rows, int(max_bytes / mean)))
-    rows = np.unique(np.linspace(0, table.num_rows - 1, num=n).astype(np.int64))
+    rows = sample_rows(text_bytes(mapped.table), n, max_bytes, doc_bytes)
+    return read_sample(mapped, rows, doc_bytes)
+
+
+def sample_texts_before_save(in_dir: Path, split: Any) -> list[str]:
+    """`sample_texts` of the train split the save stage will write from `in_dir` with `split` (its
+    `SplitConfig`), read from `in_dir` before save has written it: save copies the text of every row
+    as it is and picks the validation rows by `save.validation_rows`, a function of the row count."""
+    from moai.stages.save import validation_rows
+
+    mapped = MappedTable(in_dir)
+    sizes = text_bytes(mapped.table)
+    is_val = np.zeros(len(sizes), dtype=bool)
+    is_val[validation_rows(len(sizes), split)] = True
+    train = np.flatnonzero(~is_val)
+    return read_sample(mapped, train[sample_rows(sizes[train])], VERIFY_DOCUMENT_BYTES)
+
+
+def read_sample(mapped: MappedTable, rows: np.ndarray, doc_bytes: int) -> list[str]:
+    """The text of `rows` of a mapped table, each cut to doc_bytes."""
     # Row by row from the mapped buffers: `take` on a chunked string column concatenates the
     # chunks first, and `as_py` would copy a whole giant document; this reads doc_bytes at most.
     # Each read faults in far more of the mapped file than the row (readahead): 1,336 rows spread
     # over 565 MB of text held ~450 MB resident. Dropping the pages every few rows keeps it small.
-    column = table.column(0)
+    column = mapped.table.column(0)
     out = []
     for i, r in enumerate(rows):
         out.append(_utf8_prefix(row_bytes(column, int(r)), doc_bytes))
@@ -253,6 +279,7 @@ class EngineChoice:
     pieces_reason: str | None  # why giant documents are encoded whole, or None (in exact pieces)
     sample: list[str]
     encoder: engines.Encoder | None = field(default=None, repr=False, compare=False)  # built for `setup`
+    seconds: dict[str, float] = field(default_factory=dict, compare=False)  # the check's parts (`choose_encoder`)
 
     @property
     def engine(self) -> str:
@@ -273,16 +300,31 @@ def has_large_documents(text_dir: Path) -> bool:
 
 
 def choose_encoder(
-    info: TokenizerInfo, text_dir: Path, requested: str, threads: int, reference: Reference | None = None
+    info: TokenizerInfo,
+    text_dir: Path,
+    requested: str,
+    threads: int,
+    reference: Reference | None = None,
+    prefetched: tuple[list[str], engines.Flat] | None = None,
 ) -> EngineChoice:
     """Sample the corpus, choose the engine, check it against transformers, and the piece rule too
     when the corpus has a document large enough to be encoded in pieces (else the rule is never
     used, and checking it would cost ~0.3-0.6 s of every run for nothing). `reference` gives
-    transformers' ids (default: `transformers_reference` in this process)."""
-    sample = sample_texts(text_dir)
-    want = (reference or transformers_reference(info))(sample)
-    setup, encoder, tried = choose_engine(requested, info, sample, threads, want)
+    transformers' ids (default: `transformers_reference` in this process); `prefetched`, the same
+    sample of `text_dir` and transformers' ids of it, made while save wrote it (`reference`)."""
+    t0 = time.perf_counter()
+    if prefetched is not None:
+        sample, want_flat = prefetched
+        t1 = t0
+    else:
+        sample = sample_texts(text_dir)
+        t1 = time.perf_counter()
+        want_flat = engines.flat_of((reference or transformers_reference(info))(sample))
+    t2 = time.perf_counter()
+    setup, encoder, tried = choose_engine(requested, info, sample, threads, want_flat)
+    t3 = time.perf_counter()
     large = has_large_documents(text_dir)
-    pieces_reason = check_pieces(encoder, sample, want) if large else None
+    pieces_reason = check_pieces(encoder, sample, engines.lists_of(want_flat)) if large else None
     setup = dataclasses.replace(setup, pieces_exact=large and pieces_reason is None)
-    return EngineChoice(setup, tried, pieces_reason, sample, encoder)
+    seconds = {"sample": t1 - t0, "transformers": t2 - t1, "engines": t3 - t2, "pieces": time.perf_counter() - t3}
+    return EngineChoice(setup, tried, pieces_reason, sample, encoder, {k: round(v, 3) for k, v in seconds.items()})

@@ -15,6 +15,7 @@ or any error of the engine's own loader; each becomes that engine's reason in th
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -206,12 +207,17 @@ FAST = frozenset({"fastokens", "gigatoken"})  # run their own thread pools at hu
 
 
 def build(setup: EncoderSetup) -> Encoder:
-    prebuilt = _prebuilt.pop((setup.engine, setup.backend_json, setup.split_special_tokens), None)
+    key = (setup.engine, setup.backend_json, setup.split_special_tokens)
+    building = _building.get(key)
+    if building is not None:  # being built ahead (`prebuild`): wait for it rather than build it twice
+        building.wait()
+    prebuilt = _prebuilt.pop(key, None)
     return prebuilt if prebuilt is not None else BY_NAME[setup.engine].build(setup)
 
 
 # Encoders built ahead of the check (`prebuild`), by (engine, pipeline, split_special_tokens); taken once.
 _prebuilt: dict[tuple[str, str, bool], Encoder] = {}
+_building: dict[tuple[str, str, bool], threading.Event] = {}  # set when that build ended (built or failed)
 
 
 def prebuild(backend_json: str, split_special_tokens: bool) -> None:
@@ -219,8 +225,14 @@ def prebuild(backend_json: str, split_special_tokens: bool) -> None:
     take; only fastokens, whose encoder does not depend on the thread count."""
     from moai.stages.tokenize.engine import EncoderSetup
 
-    setup = EncoderSetup(backend_json, split_special_tokens, "fastokens", 1, False)
-    _prebuilt[("fastokens", backend_json, split_special_tokens)] = FastokensEncoder(setup)
+    key = ("fastokens", backend_json, split_special_tokens)
+    done = _building.setdefault(key, threading.Event())
+    try:
+        setup = EncoderSetup(backend_json, split_special_tokens, "fastokens", 1, False)
+        _prebuilt[key] = FastokensEncoder(setup)
+    finally:
+        done.set()
+        _building.pop(key, None)
 
 
 def drop_prebuilt() -> None:
