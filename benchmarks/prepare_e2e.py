@@ -178,7 +178,10 @@ def run_moai(
         "seconds": seconds,
         "tokens": summary["num_tokens"],
         "mb": corpus.stat().st_size / 1e6,
-        "tokenize_seconds": report["seconds"] + report.get("check_seconds", 0.0),
+        "tokenize_seconds": report.get("stage_seconds", report["seconds"] + report.get("check_seconds", 0.0)),
+        "tokenize_parts": {
+            k: report.get(k) for k in ("seconds", "check_seconds", "check_parts", "check_sampled_ahead")
+        },
         "engine": report["engine"],
         "stages": {k: v.get("seconds") for k, v in summary["stages"].items()},
         # the prepare process's own peak, up to the end of tokenize (pack holds no text); the
@@ -312,7 +315,16 @@ def report(rows: dict[str, list[dict]]) -> None:
             f"× fastest raw engine ({fast_name}, {text_mb / fastest['seconds']:.1f} MB/s): "
             f"{stage / (text_mb / fastest['seconds']):.2f}"
         )
-        print(f"moai stages (s): {moai['stages']}")
+        print(f"moai stages (s): {moai['stages']}; tokenize: {moai.get('tokenize_parts')}")
+        for i, m in enumerate(rows.get("moai", [])):  # the same ratio within each round (load falls on both)
+            same = [rows[k][i] for k in RAW if k in rows and i < len(rows[k]) and "error" not in rows[k][i]]
+            if "error" in m or not same:
+                continue
+            f = min(same, key=lambda r: r["seconds"])
+            print(
+                f"round {i + 1}: tokenize stage {m['tokenize_seconds']:.2f} s, fastest raw {f['seconds']:.2f} s: "
+                f"{f['seconds'] / m['tokenize_seconds']:.2f}×"
+            )
     q = best("moai (quarter)")
     if moai and q and moai.get("peak_rss_mb") and q.get("peak_rss_mb"):
         ratio = moai["peak_rss_mb"] / q["peak_rss_mb"]

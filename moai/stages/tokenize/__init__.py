@@ -155,6 +155,7 @@ def tokenize(
     (default: the same). `reference` gives transformers' ids of the sample (default: loaded here);
     `prefetched` gives the sample and those ids, made while save wrote `text_dir` (`reference`), or None."""
 
+    entered = time.perf_counter()
     log.info(
         "tokenizer %s is fast (Rust tokenizers backend), vocab %d, EOS id %d",
         info.name_or_path,
@@ -215,6 +216,7 @@ def tokenize(
         "peak_rss_mb": own_mb,
         "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
         "check_seconds": round(check_seconds, 3),
+        "stage_seconds": round(time.perf_counter() - entered, 3),  # all of it: check, encoding, files
         "check_sampled_ahead": ahead is not None,  # sample and transformers' ids made during save
         "check_parts": choice.seconds,
         "profile": process_profiles(results),

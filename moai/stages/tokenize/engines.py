@@ -179,9 +179,16 @@ class GigatokenEncoder(_FromFlat):
         import awkward as ak
 
         arr = self.tok.encode_batch(texts, parallel=self.parallel)
-        ids = np.asarray(ak.to_numpy(ak.flatten(arr, axis=1)), dtype=np.uint32)
-        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-        np.cumsum(np.asarray(ak.to_numpy(ak.num(arr, axis=1))), out=offsets[1:])
+        layout = arr.layout
+        if isinstance(layout, ak.contents.ListOffsetArray) and isinstance(layout.content, ak.contents.NumpyArray):
+            # the array's own buffers, no copy: ids of text i are data[offsets[i]:offsets[i + 1]]
+            offsets = np.asarray(layout.offsets.data, dtype=np.int64)
+            ids = np.asarray(layout.content.data, dtype=np.uint32)[offsets[0] : offsets[-1]]
+            offsets = offsets - offsets[0]
+        else:
+            ids = np.asarray(ak.to_numpy(ak.flatten(arr, axis=1)), dtype=np.uint32)
+            offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+            np.cumsum(np.asarray(ak.to_numpy(ak.num(arr, axis=1))), out=offsets[1:])
         if add_special_tokens:
             return wrap((ids, offsets), self.prefix, self.suffix)
         return ids, offsets
