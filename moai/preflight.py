@@ -13,9 +13,9 @@ than a data preparation and a launch:
 - free space on cache_dir's filesystem against the corpus: convert holds the text twice while
   it runs (source read, Arrow written), and the whole cache ends near 3× the text;
 - `pack.seq_len` is at most the model's `max_position_embeddings`;
-- the validation split is estimated from the corpus size and the bytes per token measured with
-  the tokenizer on the first MiB of each JSON-lines source (`BYTES_PER_TOKEN` otherwise): a split
-  shorter than one `seq_len` window packs to 0 samples and training evaluates nothing;
+- the validation split is estimated from a tokenized sample of each local source
+  (`moai.estimate`, saying when it is rough and why): a split shorter than one `seq_len` window
+  packs to 0 samples and training evaluates nothing;
 - `train.output_dir` can be resumed with these settings, or is already finished
   (`moai.train.checkpoint.resume_plan`);
 - `runner.kind ray`: Ray and prefect-ray are installed (`pip install 'moai[ray]'`);
@@ -36,6 +36,7 @@ from typing import Any
 
 from moai.config import PipelineConfig, SourceConfig
 from moai.errors import ConfigError, DataError, MoaiError
+from moai.estimate import Estimate, SourceSample, sample_source, validation
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class Facts:
     tracker: Check | None = None
     cleaning: dict[str, str] = field(default_factory=dict)  # cleaning stage that is on → what it will do
     runner_missing: list[str] = field(default_factory=list)  # packages runner.kind needs that are not installed
-    bytes_per_token: dict[str, float] = field(default_factory=dict)  # source setting -> measured on a sample
+    samples: dict[str, SourceSample | str] = field(default_factory=dict)  # source setting -> its first rows, or why not
 
 
 def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True, resume: bool = True) -> Facts:
@@ -107,7 +108,7 @@ def gather(config: PipelineConfig, *, tokenizer: bool = True, train: bool = True
         f.corpus_bytes = sum(b for _, b in f.local_files.values())
     if tokenizer and config.tokenizer.path is not None:
         _resolve_into(f, "tokenizer.path", config.tokenizer.path)
-    _bytes_per_token_into(f)
+    _samples_into(f)
     from moai.stages.tokenizer import drop_checked_tokenizers
 
     drop_checked_tokenizers()  # ~230 MB for a 131k vocabulary, not needed past the checks
@@ -174,26 +175,24 @@ def _cleaning_detail(f: Facts, name: str, settings: dict[str, Any]) -> str:
     return f"{settings['ngram']}-grams of the evaluation texts in field(s) {settings['text_field']}"
 
 
-def _bytes_per_token_into(f: Facts) -> None:
-    """With a local tokenizer folder, each local source's bytes per token on a sample of its first file."""
+def _samples_into(f: Facts) -> None:
+    """Each local source's first rows as tokenize will count them (`moai.estimate.sample_source`),
+    with a local tokenizer folder or a tokenizer to train."""
     from moai.stages.convert.readers import source_files
 
     path = f.config.tokenizer.path
-    if path is None or "tokenizer.path" in f.errors or not (Path(path).expanduser() / "tokenizer.json").is_file():
+    if path is not None and (
+        "tokenizer.path" in f.errors or not (Path(path).expanduser() / "tokenizer.json").is_file()
+    ):
         return
     for setting, src in source_settings(f.config):
         if setting not in f.local_files or f.local_files[setting][1] == 0:
             continue
         try:
-            first = source_files(src)[0]
-            if not isinstance(first, Path):  # an object in a remote store: the default rate
-                continue
-            rate = sample_bytes_per_token(first, src, Path(path).expanduser() / "tokenizer.json")
-        except Exception as err:  # an estimate only: the default rate then
-            log.debug("%s: no bytes-per-token sample (%s)", setting, err)
-            continue
-        if rate is not None:
-            f.bytes_per_token[setting] = rate
+            f.samples[setting] = sample_source(source_files(src), src, f.config)
+        except Exception as err:  # an estimate only: the bytes-based one then
+            log.debug("%s: no sample for the validation estimate", setting, exc_info=True)
+            f.samples[setting] = f"its sample could not be read ({type(err).__name__})"
 
 
 def _resolve_into(f: Facts, setting: str, value: str) -> None:
@@ -372,40 +371,51 @@ def _seq_len_checks(f: Facts) -> list[Check]:
             out.append(Check("pack.seq_len", "fail", str(err), fix, error=err))
         else:
             out.append(Check("pack.seq_len", "pass", f"{seq_len} ≤ max_position_embeddings {mpe}"))
-    # Each source's validation windows are its own (a mix keeps them apart): the sum of per-source estimates.
-    sizes: dict[str, int | None] = {setting: size for setting, (_, size) in f.local_files.items()} or {
-        "": f.corpus_bytes
-    }
-    per_source = [
-        validation_estimate(size, c.split.val_fraction, seq_len, f.bytes_per_token.get(setting, BYTES_PER_TOKEN))
-        for setting, size in sizes.items()
-    ]
-    known = [e for e in per_source if e is not None]
-    estimate = (sum(t for t, _ in known), sum(s for _, s in known)) if known and len(known) == len(per_source) else None
-    if c.pack.enabled and estimate is not None and f.corpus_bytes:
-        tokens, samples = estimate
-        measured = sorted(set(f.bytes_per_token.values()))
-        rate = (
-            f"~{'/'.join(f'{r:.1f}' for r in measured)} bytes a token, measured with the tokenizer on a sample"
-            if measured
-            else f"~{BYTES_PER_TOKEN} bytes a token"
-        )
-        if samples < 1:
-            out.append(
-                Check(
-                    "validation",
-                    "warn",
-                    f"~{tokens} validation tokens (split.val_fraction {c.split.val_fraction} of "
-                    f"{_gb(f.corpus_bytes or 0)} at {rate}) < pack.seq_len {seq_len}: "
-                    "likely 0 validation samples, and training then evaluates nothing",
-                    "lower pack.seq_len, raise split.val_fraction, or add data",
-                )
-            )
-        else:
-            out.append(
-                Check("validation", "pass", f"~{samples} validation sample(s) of {seq_len} tokens (estimate at {rate})")
-            )
+    if c.pack.enabled:
+        out.extend(_validation_checks(f))
     return out
+
+
+def _validation_checks(f: Facts) -> list[Check]:
+    """The validation split expected: each source's own (a mix keeps them apart), summed."""
+    c, seq_len = f.config, f.config.pack.seq_len
+    hub = [setting for setting, src in source_settings(c) if src.hub is not None]
+    if c.split.val_fraction == 0:
+        return []
+    if hub:
+        return [
+            Check("validation", "pass", f"not estimated: {hub[0]} is a hub dataset, its size is known after convert")
+        ]
+    if not f.corpus_bytes:
+        return []
+    cleaning = list(f.cleaning)
+    parts = []
+    for setting, size in ({s: size for s, (_, size) in f.local_files.items()} or {"": f.corpus_bytes}).items():
+        sample = f.samples.get(setting, "no tokenizer to count with before prepare")
+        if isinstance(sample, SourceSample):
+            parts.append(validation(sample, size, c, cleaning))
+            continue
+        tokens, samples = validation_estimate(size, c.split.val_fraction, seq_len) or (0, 0)
+        why = f"{setting or 'the source'} not sampled ({sample}): ~{BYTES_PER_TOKEN} bytes a token assumed"
+        parts.append(Estimate(tokens, samples, 0, (why,)))
+    tokens, samples = sum(p.tokens for p in parts), sum(p.samples for p in parts)
+    rows = sum(p.rows for p in parts)
+    rough = list(dict.fromkeys(r for p in parts for r in p.rough))
+    sampled = [s for s in f.samples.values() if isinstance(s, SourceSample)]
+    rates = sorted({round(s.bytes_per_token, 1) for s in sampled})
+    how = "a BPE trained on a sample" if any(s.trained for s in sampled) else "the tokenizer on a sample"
+    rate = f"~{'/'.join(f'{r:.1f}' for r in rates)} bytes a token, measured with {how}" if rates else ""
+    about = ", ".join(x for x in (f"~{rows} rows" if rows else "", rate) if x)
+    note = f"; rough: {'; '.join(rough)}" if rough else ""
+    if samples < 1:
+        detail = (
+            f"~{tokens} validation tokens (split.val_fraction {c.split.val_fraction} of {_gb(f.corpus_bytes)}"
+            f"{', ' + about if about else ''}) < pack.seq_len {seq_len}: likely 0 validation samples, and training "
+            f"then evaluates nothing{note}"
+        )
+        return [Check("validation", "warn", detail, "lower pack.seq_len, raise split.val_fraction, or add data")]
+    detail = f"~{samples} validation sample(s) of {seq_len} tokens{f' ({about})' if about else ''}{note}"
+    return [Check("validation", "pass", detail)]
 
 
 def validation_estimate(
@@ -417,38 +427,6 @@ def validation_estimate(
         return None
     tokens = int(corpus_bytes * val_fraction / bytes_per_token)
     return tokens, tokens // seq_len
-
-
-def sample_bytes_per_token(path: Path, src: SourceConfig, tokenizer_json: Path, limit: int = 1 << 20) -> float | None:
-    """Source bytes per token (EOS included) on the first `limit` bytes of a JSON-lines source file,
-    with the tokenizer's Rust backend (no truncation or padding): what the validation estimate
-    divides by. None for other formats, chat data, or nothing readable."""
-    if path.suffix.lower() != ".jsonl" or src.format == "chat":
-        return None
-    import json
-
-    from moai.stages.tokenizer import rust_tokenizer_file
-
-    with open(path, "rb") as f:
-        head = f.read(limit)
-    lines = head.split(b"\n")
-    if len(head) == limit:
-        lines = lines[:-1]  # cut short
-    texts, used = [], 0
-    for raw in lines:
-        used += len(raw) + 1
-        try:
-            row = json.loads(raw)
-            text = row[src.text_field] if src.text_field is not None else (src.text_template or "").format_map(row)
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            continue
-        if isinstance(text, str) and text.strip():
-            texts.append(text)
-    if not texts:
-        return None
-    tok = rust_tokenizer_file(tokenizer_json)
-    tokens = sum(len(e.ids) for e in tok.encode_batch(texts)) + len(texts)  # + the EOS of each document
-    return used / tokens
 
 
 def _gb(num_bytes: int) -> str:

@@ -50,11 +50,18 @@ def build(ctx, out: Path) -> dict[str, Any]:
     return save(ctx.config.split, in_dir, out, max_shard_size=ctx.config.save.max_shard_size)
 
 
+def num_validation_rows(num_rows: int, cfg: SplitConfig) -> int:
+    """How many of `num_rows` rows go to validation (at least one when val_fraction > 0, never all)."""
+    if cfg.val_fraction == 0 or num_rows < 2:
+        return 0
+    return min(num_rows - 1, max(1, round(num_rows * cfg.val_fraction)))
+
+
 def validation_rows(num_rows: int, cfg: SplitConfig) -> np.ndarray:
     """Sorted indices of the validation rows: a pure function of (num_rows, val_fraction, seed)."""
-    if cfg.val_fraction == 0 or num_rows < 2:
+    n_val = num_validation_rows(num_rows, cfg)
+    if n_val == 0:
         return np.empty(0, dtype=np.int64)
-    n_val = min(num_rows - 1, max(1, round(num_rows * cfg.val_fraction)))
     rng = np.random.default_rng(cfg.seed)
     return np.sort(rng.choice(num_rows, size=n_val, replace=False)).astype(np.int64)
 

@@ -385,10 +385,18 @@ def build_bpe(texts, vocab_size: int, min_frequency: int = 2, length: int | None
     signal handler runs at once. It needs no copy of the text and no second interpreter (as a child
     process would): the trainer releases the GIL, and only reads the text batches through it. On
     an interrupt the thread is left running, in memory only, until the process exits."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = train_bpe(texts, vocab_size, min_frequency, length)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, unk_token=None)
+
+
+def train_bpe(texts, vocab_size: int, min_frequency: int = 2, length: int | None = None):
+    """`build_bpe`'s `tokenizers.Tokenizer` itself, without transformers (the plan measures a
+    trained tokenizer's bytes per token with one trained on a sample)."""
     import threading
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -414,7 +422,7 @@ def build_bpe(texts, vocab_size: int, min_frequency: int = 2, length: int | None
         worker.join(0.2)
     if failed:
         raise failed[0]
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=None, unk_token=None)
+    return tok
 
 
 def train_tokenizer(
