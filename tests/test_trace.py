@@ -15,7 +15,7 @@ import pytest
 
 from conftest import TINY_MODEL, config_dict, make_texts, write_jsonl
 from moai.config import parse_config
-from moai.errors import DataError
+from moai.errors import ConfigError, DataError
 from moai.formats.tokens import PackedSamples, TokenStore
 from moai.pipeline import prepare
 from moai.trace import Tracer, step_samples, top_loss_steps
@@ -345,3 +345,46 @@ def test_unpacked_training_is_traced_document_by_document(tmp_path, tokenizer_di
         p = s.pieces[0]
         assert ids == store.split("train").document(p.document)[p.doc_tokens[0] : p.doc_tokens[1]].tolist()
         assert p.where == f"{tmp_path / 'data' / 't.jsonl'}:{p.row}"
+
+
+def test_a_resumed_run_is_traced_with_each_launchs_split_of_the_global_batch(tmp_path, tokenizer_dir):
+    """Steps 1-10 trained on 1 process (micro-batch 3 x 2 accumulation), steps 11- resumed on 2
+    (3 x 1): the same samples per step; each step's ranks and micro-batches are its launch's."""
+    from moai.trace import document_history
+    from moai.train.data import StepBatches
+
+    cfg = _train_config(tmp_path, tokenizer_dir, "concat", output_dir=str(tmp_path / "run"))
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    t = config.train
+    assert t is not None
+    (tmp_path / "run").mkdir()
+    starts = [
+        {"event": "start", "step": 0, "world_size": 1, "micro_batch_size": 3, "grad_accum_steps": 2},
+        {"event": "start", "step": 10, "world_size": 2, "micro_batch_size": 3, "grad_accum_steps": 1, "resumed": True},
+    ]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in starts))
+    tracer = Tracer(config, prepared, preview=False)
+    n = len(tracer.data)
+    second = t.model_copy(update={"grad_accum_steps": 1})
+    for step, world, tc in ((5, 1, t), (10, 1, t), (11, 2, second), (30, 2, second)):
+        assert tracer.split_of(step).world == world
+        for rank in range(world):
+            loader = list(StepBatches(tc, n, rank, world, step - 1))[: tc.grad_accum_steps]
+            for micro, ids in enumerate(loader):
+                assert [s.index for s in tracer.step(step, rank, micro)] == ids, (step, rank, micro)
+        # whatever the split, the step holds the same samples as on one process
+        whole = Tracer(config, prepared, world=1, preview=False)
+        assert sorted(s.index for s in tracer.step(step)) == sorted(s.index for s in whole.step(step))
+    with pytest.raises(ConfigError, match="--rank 1"):
+        tracer.step(5, rank=1)  # step 5 ran on one process
+    # the other way: each read of a document names a (step, rank, micro-batch) whose samples hold it
+    data = tmp_path / "data" / "t.jsonl"
+    doc = tracer.step(12)[0].pieces[0]
+    history = document_history(config, prepared, f"{data}:{doc.row}")
+    assert history["read_by"]["reads"]
+    for read in history["read_by"]["reads"]:
+        assert any(
+            p.row == doc.row for s in tracer.step(read["step"], read["rank"], read["micro_batch"]) for p in s.pieces
+        )
+        assert read["rank"] < tracer.split_of(read["step"]).world

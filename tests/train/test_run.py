@@ -92,6 +92,8 @@ def test_resume_gives_bit_identical_losses(learnable, tmp_path, ranks):
     starts = [r for r in records if r.get("event") == "start"]
     assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] == 5
     assert starts[0]["world_size"] == ranks
+    # each launch's split of the global batch, which `moai trace` names a step's ranks by
+    assert all(isinstance(s["micro_batch_size"], int) and isinstance(s["grad_accum_steps"], int) for s in starts)
 
 
 def test_two_cpu_ranks_see_disjoint_samples(learnable, tmp_path):
