@@ -48,6 +48,34 @@ def _write_source(folder: Path, kind: str) -> tuple[Path, dict]:
     return folder / f"f*.{kind}", {}
 
 
+def test_a_hub_dataset_names_each_documents_row_by_its_index(tmp_path, tokenizer_dir):
+    """source.hub: `datasets.load_dataset` of a folder of Parquet files (what a hub dataset is
+    once loaded; this machine has no hub): each document's origin is `<hub>[i]`, the i-th row of the
+    loaded split, whose text tokenizes to its ids."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "hub-dataset"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"text": t} for t in TEXTS]), folder / "train-00000.parquet")
+    cfg = config_dict(tmp_path, "unused", {"path": str(tokenizer_dir)}, filter={"min_chars": 30})
+    cfg["source"] = {"hub": str(folder), "split": "train", "text_field": "text"}
+    result = prepare(parse_config(cfg), progress=False)
+    store = TokenStore(result["token_store"])
+    assert store.origin_files["files"] == [str(folder)]
+    loaded = datasets.load_dataset(str(folder), split="train")
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    from moai.trace import where_of
+
+    for split in ("train", "validation"):
+        tokens = store.split(split)
+        assert tokens.origins is not None
+        for doc, origin in enumerate(tokens.origins.tolist()):
+            where, _, row = where_of(origin, store.origin_files["files"], store.origin_files.get("where", []))
+            assert where == f"{folder}[{row}]"
+            assert tokens.document(doc).tolist() == [*tok(loaded[row]["text"])["input_ids"], store.eos_id]
+
+
 def _source_text(file: str, kind: str, row: int) -> str:
     """The text at `row` of a source file, read here independently of convert's readers: a JSON Lines
     or text line counts from 1, a JSON array item and a CSV or Parquet row from 0."""
