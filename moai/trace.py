@@ -451,7 +451,8 @@ def _history(config, prepared, source, dirs, origin: int, world: int | None, met
 def _why(config, stage: str, folder: Path, origin: int, previous, meta: dict[str, list]) -> dict[str, Any]:
     """Why `stage` dropped the row: filter's rule (asked again of the row's text), a cleaning stage's
     dropped table (with keep_dropped; a duplicate's kept copy of the same source named by file and
-    row too), or convert: no such row, or a bad row skipped."""
+    row too, a contaminated row's evaluation item by its file and row), or convert: no such row, or
+    a bad row skipped."""
     import re
 
     from moai.formats.text import origins_of
@@ -478,6 +479,10 @@ def _why(config, stage: str, folder: Path, origin: int, previous, meta: dict[str
     if copy is not None and previous is not None and int(copy.group(1)) < previous[1].num_rows:
         kept_origin = int(origins_of(previous[1].slice(int(copy.group(1)), 1))[0])
         out["kept_copy"] = where_of(kept_origin, meta["files"], meta.get("where", []))[0]
+    # decontaminate: "shares a 13-gram with evals/x.jsonl:5": the evaluation item, as convert names rows
+    leak = re.match(r"shares a \d+-gram with (.+)$", detail or "")
+    if leak is not None:
+        out["eval_item"] = leak.group(1)
     return out
 
 

@@ -416,3 +416,28 @@ def test_a_resumed_run_is_traced_with_each_launchs_split_of_the_global_batch(tmp
             p.row == doc.row for s in tracer.step(read["step"], read["rank"], read["micro_batch"]) for p in s.pieces
         )
         assert read["rank"] < tracer.split_of(read["step"]).world
+
+
+def test_a_contaminated_rows_history_names_the_evaluation_item_it_shares_ngrams_with(tmp_path, tokenizer_dir):
+    from moai.trace import document_history
+
+    leaked = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches"
+    evals = tmp_path / "evals" / "e.jsonl"
+    write_jsonl(evals, [{"text": "an unrelated question about prime numbers and their gaps"}, {"text": leaked}])
+    data = tmp_path / "data" / "d.jsonl"
+    write_jsonl(data, [{"text": t} for t in [*TEXTS[:40], f"Intro. {leaked.upper()}! More words here.", TEXTS[41]]])
+    cfg = config_dict(
+        tmp_path,
+        data,
+        {"path": str(tokenizer_dir)},
+        decontaminate={"path": str(evals), "ngram": 8},
+        keep_dropped=True,
+        train={"model_config": TINY_MODEL, "max_steps": 10},
+    )
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    assert prepared["stages"]["decontaminate"]["dropped"] == {"contaminated": 1}  # the stage report
+    history = document_history(config, prepared, f"{data}:41")
+    assert history["dropped_by"] == "decontaminate" and history["reason"] == "contaminated"
+    assert history["eval_item"] == f"{evals}:2" and history["eval_item"] in history["detail"]
+    assert document_history(config, prepared, f"{data}:42")["split"] in ("train", "validation")
