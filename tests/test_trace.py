@@ -3,9 +3,11 @@ are the ones the training loader reads, with the documents they hold."""
 
 from __future__ import annotations
 
+import bz2
 import csv
 import gzip
 import json
+import lzma
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,12 @@ TEXTS = [t for t in make_texts(400, seed=11) if "\n" not in t and t.strip()]
 
 def _write_source(folder: Path, kind: str) -> tuple[Path, dict]:
     """The texts as a source of `kind`, split over two files; and the source settings."""
+    if kind.endswith((".zst", ".bz2", ".xz")):  # the plain files' bytes, compressed
+        base, codec = kind.rsplit(".", 1)
+        _write_source(folder / "plain", base)
+        for n in range(2):
+            (folder / f"f{n}.{kind}").write_bytes(COMPRESS[codec]((folder / "plain" / f"f{n}.{base}").read_bytes()))
+        return folder / f"f*.{kind}", {}
     folder.mkdir(parents=True)
     halves = [TEXTS[: len(TEXTS) // 2], TEXTS[len(TEXTS) // 2 :]]
     for n, texts in enumerate(halves):
@@ -46,6 +54,20 @@ def _write_source(folder: Path, kind: str) -> tuple[Path, dict]:
         elif kind == "txt":
             (folder / f"f{n}.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
     return folder / f"f*.{kind}", {}
+
+
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(data)
+
+
+COMPRESS = {"zst": _zstd, "bz2": bz2.compress, "xz": lzma.compress}
+DECOMPRESS = {
+    "zst": lambda b: __import__("zstandard").ZstdDecompressor().decompress(b),
+    "bz2": bz2.decompress,
+    "xz": lzma.decompress,
+}
 
 
 def test_a_hub_dataset_names_each_documents_row_by_its_index(tmp_path, tokenizer_dir):
@@ -79,6 +101,12 @@ def test_a_hub_dataset_names_each_documents_row_by_its_index(tmp_path, tokenizer
 def _source_text(file: str, kind: str, row: int) -> str:
     """The text at `row` of a source file, read here independently of convert's readers: a JSON Lines
     or text line counts from 1, a JSON array item and a CSV or Parquet row from 0."""
+    if kind.endswith((".zst", ".bz2", ".xz")):
+        base, codec = kind.rsplit(".", 1)
+        plain = Path(file).with_name(Path(file).name + ".plain")
+        if not plain.exists():
+            plain.write_bytes(DECOMPRESS[codec](Path(file).read_bytes()))
+        return _source_text(str(plain), base, row)
     if kind == "jsonl":
         return json.loads(Path(file).read_text(encoding="utf-8").splitlines()[row - 1])["text"]
     if kind == "jsonl.gz":
@@ -93,7 +121,9 @@ def _source_text(file: str, kind: str, row: int) -> str:
     return Path(file).read_text(encoding="utf-8").split("\n")[row - 1]
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "json", "csv", "parquet", "txt"])
+@pytest.mark.parametrize(
+    "kind", ["jsonl", "jsonl.gz", "jsonl.zst", "json", "csv", "csv.bz2", "parquet", "txt", "txt.xz"]
+)
 def test_every_stored_document_names_the_row_whose_text_tokenizes_to_its_ids(tmp_path, tokenizer_dir, kind):
     from transformers import AutoTokenizer
 
@@ -441,3 +471,46 @@ def test_a_contaminated_rows_history_names_the_evaluation_item_it_shares_ngrams_
     assert history["dropped_by"] == "decontaminate" and history["reason"] == "contaminated"
     assert history["eval_item"] == f"{evals}:2" and history["eval_item"] in history["detail"]
     assert document_history(config, prepared, f"{data}:42")["split"] in ("train", "validation")
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_every_piece_of_a_giant_document_names_its_row(tmp_path, tokenizer_dir, monkeypatch, mode):
+    """A document over the giant-document size (lowered here to 4 KB) is encoded in pieces and cut
+    across many samples (concat windows; best_fit's seq_len pieces): every sample piece of it names
+    its line, and its pieces cover its tokens once."""
+    from moai.stages.tokenize import parts, pieces
+
+    monkeypatch.setattr(pieces, "LARGE_DOCUMENT_BYTES", 4096)
+    large = []
+    encode_large = parts.encode_large
+    monkeypatch.setattr(parts, "encode_large", lambda *a: large.append(1) or encode_large(*a))
+    giant = "\n".join(" ".join(TEXTS[i : i + 3]) for i in range(0, 150, 3))  # ~15 KB with newlines
+    assert len(giant.encode()) > 4 * 4096
+    data = tmp_path / "data" / "g.jsonl"
+    write_jsonl(data, [{"text": t} for t in [*TEXTS[:20], giant, *TEXTS[20:40]]])  # the giant one is line 21
+    cfg = config_dict(
+        tmp_path,
+        data,
+        {"path": str(tokenizer_dir)},
+        tokenize={"num_proc": 1},  # in this process: the lowered size applies
+        pack={"seq_len": 32, "mode": mode},
+        split={"val_fraction": 0.0},
+        train={"model_config": TINY_MODEL, "max_steps": 10},
+    )
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    assert large == [1]  # encoded as a giant document
+    tracer = Tracer(config, prepared, world=1, preview=False)
+    store = TokenStore(prepared["token_store"])
+    giant_doc = [i for i, o in enumerate(store.split("train").origins.tolist()) if o & ((1 << 40) - 1) == 21]  # type: ignore[union-attr]
+    assert len(giant_doc) == 1
+    length = store.split("train").document(giant_doc[0]).size
+    assert length > 10 * 32
+    covered = []
+    for i in range(len(tracer.data)):
+        for p in tracer.sample(i, preview=False).pieces:
+            if p.document == giant_doc[0]:
+                assert p.where == f"{data}:21" and p.row == 21
+                covered.append(p.doc_tokens)
+    assert len(covered) > 10 and sorted(covered)[0][0] == 0
+    assert sum(b - a for a, b in covered) == length and len(set(covered)) == len(covered)  # each token once
