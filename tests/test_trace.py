@@ -336,7 +336,8 @@ def test_a_documents_history_names_the_stage_and_reason_that_dropped_it_or_the_s
 
 def test_a_chat_store_has_an_origin_for_every_conversation(tmp_path):
     """Chat data is tokenized its own way (one part per split, with loss masks): its documents
-    name their lines too, each line once."""
+    name their lines too, each line once, and each line's conversation rendered with the template
+    tokenizes to its document's ids."""
     import yaml
 
     from conftest import ROOT
@@ -350,12 +351,21 @@ def test_a_chat_store_has_an_origin_for_every_conversation(tmp_path):
     del data["train"]
     store = TokenStore(prepare(parse_config(data), progress=False)["token_store"])
     assert store.origin_files["files"] == [str(source)]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(data["tokenizer"]["path"])
+    template = Path(data["source"]["chat_template"]).read_text()
+    lines = source.read_text().splitlines()
     rows = []
     for split in ("train", "validation"):
         origins = store.split(split).origins
         assert origins is not None and len(origins) == store.split(split).num_documents
         rows += [int(o) & ((1 << 40) - 1) for o in origins]
-    lines = source.read_text().splitlines()
+        for doc, origin in enumerate(origins.tolist()):  # the line's conversation, rendered, is its ids
+            messages = json.loads(lines[(origin & ((1 << 40) - 1)) - 1])["messages"]
+            text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+            expected = [*tok(text, add_special_tokens=False)["input_ids"], store.eos_id]
+            assert store.split(split).document(doc).tolist() == expected, (split, doc)
     assert sorted(rows) == sorted(set(rows)) and all(1 <= r <= len(lines) for r in rows)
     assert len(rows) == sum(1 for line in lines if line.strip())  # every conversation kept, none twice
 
