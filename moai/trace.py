@@ -437,7 +437,7 @@ def _history(config, prepared, source, dirs, origin: int, world: int | None, met
                 "source": source,
                 "kept_by": kept,
                 "dropped_by": stage,
-                **_why(config, stage, folder, origin, previous, meta),
+                **_why(config, prepared, stage, folder, origin, previous, meta),
             }
         split, previous = found[0]
         kept.append({"stage": stage, "row": previous[0], **({"split": split} if split else {})})
@@ -448,14 +448,13 @@ def _history(config, prepared, source, dirs, origin: int, world: int | None, met
     return out
 
 
-def _why(config, stage: str, folder: Path, origin: int, previous, meta: dict[str, list]) -> dict[str, Any]:
+def _why(config, prepared, stage: str, folder: Path, origin: int, previous, meta: dict[str, list]) -> dict[str, Any]:
     """Why `stage` dropped the row: filter's rule (asked again of the row's text), a cleaning stage's
     dropped table (with keep_dropped; a duplicate's kept copy of the same source named by file and
     row too, a contaminated row's evaluation item by its file and row), or convert: no such row, or
     a bad row skipped."""
     import re
 
-    from moai.formats.text import origins_of
     from moai.stages.filter import reason_masks
 
     if stage == "convert":
@@ -474,16 +473,37 @@ def _why(config, stage: str, folder: Path, origin: int, previous, meta: dict[str
     row, table = found
     detail = table.column("detail")[row].as_py()
     out = {"reason": table.column("reason")[row].as_py(), "detail": detail}
-    # dedup: "copy of row 12", "near copy of row 12 (...)": the kept row, by its index in the stage's input
-    copy = re.match(r"(?:near )?copy of row (\d+)\b", detail or "")
-    if copy is not None and previous is not None and int(copy.group(1)) < previous[1].num_rows:
-        kept_origin = int(origins_of(previous[1].slice(int(copy.group(1)), 1))[0])
-        out["kept_copy"] = where_of(kept_origin, meta["files"], meta.get("where", []))[0]
+    # dedup: "copy of row 12", "near copy of row 12 (...)": the kept row, by its index in the stage's
+    # input; "copy of ko row 12": row 12 of an earlier source's filter output (`moai.stages.dedup`)
+    copy = re.match(r"(?:near )?copy of (?:(\S+) )?row (\d+)\b", detail or "")
+    if copy is not None:
+        other, kept_row = copy.group(1), int(copy.group(2))
+        kept = _kept_copy(config, prepared, other, kept_row, previous[1] if previous else None, meta)
+        out |= {"kept_copy": kept} if kept else {}
+        out |= {"kept_copy_source": other} if other else {}
     # decontaminate: "shares a 13-gram with evals/x.jsonl:5": the evaluation item, as convert names rows
     leak = re.match(r"shares a \d+-gram with (.+)$", detail or "")
     if leak is not None:
         out["eval_item"] = leak.group(1)
     return out
+
+
+def _kept_copy(config, prepared, source: str | None, row: int, table: pa.Table | None, meta) -> str | None:
+    """file:row of the copy dedup kept: row `row` of `table` (this source's dedup input), or of
+    `source`'s filter output, named by that source's origins.json."""
+    import json as _json
+
+    from moai.formats.text import ORIGIN_FILES, MappedTable, origins_of
+
+    if source is not None:
+        dirs = dict(_text_dirs(config, prepared, source))
+        if "filter" not in dirs or not (dirs["convert"] / ORIGIN_FILES).exists():
+            return None
+        table = MappedTable(dirs["filter"]).table
+        meta = _json.loads((dirs["convert"] / ORIGIN_FILES).read_text())
+    if table is None or row >= table.num_rows:
+        return None
+    return where_of(int(origins_of(table.slice(row, 1))[0]), meta["files"], meta.get("where", []))[0]
 
 
 def _readers(config, prepared, source, doc: int, world: int | None, limit: int = 20) -> dict[str, Any]:

@@ -524,3 +524,28 @@ def test_every_piece_of_a_giant_document_names_its_row(tmp_path, tokenizer_dir, 
                 covered.append(p.doc_tokens)
     assert len(covered) > 10 and sorted(covered)[0][0] == 0
     assert sum(b - a for a, b in covered) == length and len(set(covered)) == len(covered)  # each token once
+
+
+def test_a_copy_of_an_earlier_sources_row_names_that_sources_file_and_row(tmp_path, tokenizer_dir):
+    """With several sources dedup keeps the earlier source's copy ("copy of ko row 2"): --document
+    on the dropped row names the kept copy by the earlier source's file and line."""
+    from moai.trace import document_history
+
+    ko, en = TEXTS[:40], [*TEXTS[100:140], TEXTS[2]]  # en's line 41 is ko's line 3
+    paths = {
+        n: write_jsonl(tmp_path / n / "c.jsonl", [{"text": t} for t in texts]) for n, texts in (("ko", ko), ("en", en))
+    }
+    cfg = config_dict(tmp_path, paths["ko"], {"path": str(tokenizer_dir)}, dedup={"exact": True}, keep_dropped=True)
+    del cfg["source"]
+    cfg["sources"] = [{"name": n, "path": str(p), "weight": 1} for n, p in paths.items()]
+    cfg["train"] = {"model_config": TINY_MODEL, "max_steps": 10}
+    cfg["mix"] = {"total_tokens": 1024}
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    assert prepared["stages"]["dedup[en]"]["dropped"] == {"exact_duplicate": 1}
+    copy = document_history(config, prepared, f"{paths['en']}:41")
+    assert copy["source"] == "en" and copy["dropped_by"] == "dedup" and copy["reason"] == "exact_duplicate"
+    assert copy["detail"] == "copy of ko row 2" and copy["kept_copy_source"] == "ko"
+    assert copy["kept_copy"] == f"{paths['ko']}:3"
+    kept = document_history(config, prepared, copy["kept_copy"])
+    assert kept["source"] == "ko" and "dropped_by" not in kept
