@@ -520,13 +520,19 @@ def _readers(config, prepared, source, doc: int, world: int | None, limit: int =
     data = tracer.data
     if isinstance(data, DocumentDataset):
         hit = (data.starts < b) & (data.starts + data.lengths > a)
-    elif data.samples.rows:
-        pieces = np.asarray(data.samples.pieces)
-        in_doc = np.flatnonzero((pieces[:, 0] == k) & (pieces[:, 1] < b) & (pieces[:, 1] + pieces[:, 2] > a))
-        first, count = np.asarray(data.samples.samples[:, 1]), np.asarray(data.samples.samples[:, 2])
+    elif data.samples.rows:  # best_fit: the document's pieces (one pass), then the rows holding them
+        pieces = data.samples.pieces
+        assert pieces is not None  # format 3 has its pieces
+        starts = pieces[:, 1]
+        in_doc = np.flatnonzero((starts < b) & (starts + pieces[:, 2] > a) & (pieces[:, 0] == k))
+        first, count = data.samples.samples[:, 1], data.samples.samples[:, 2]
         hit = np.zeros(len(first), dtype=bool)
         for p in in_doc.tolist():
-            hit |= (first <= p) & (first + count > p)
+            r = int(np.searchsorted(first, p, side="right")) - 1  # rows take their pieces in order
+            if r >= 0 and first[r] <= p < first[r] + count[r]:
+                hit[r] = True
+            else:  # an index whose rows do not: look at every row
+                hit |= (first <= p) & (first + count > p)
     elif not data.samples.mixed:  # format 1: consecutive windows in token order, found by bisection
         s = data.samples
         lo = max(int(np.searchsorted(s.starts, a, side="right")) - 1, 0)

@@ -516,14 +516,20 @@ def test_every_piece_of_a_giant_document_names_its_row(tmp_path, tokenizer_dir, 
     assert len(giant_doc) == 1
     length = store.split("train").document(giant_doc[0]).size
     assert length > 10 * 32
-    covered = []
+    covered, holders = [], []
     for i in range(len(tracer.data)):
         for p in tracer.sample(i, preview=False).pieces:
             if p.document == giant_doc[0]:
                 assert p.where == f"{data}:21" and p.row == 21
                 covered.append(p.doc_tokens)
+                holders.append(i)
     assert len(covered) > 10 and sorted(covered)[0][0] == 0
     assert sum(b - a for a, b in covered) == length and len(set(covered)) == len(covered)  # each token once
+    # the other way: --document finds exactly the samples that hold a piece of it
+    from moai.trace import document_history
+
+    read_by = document_history(config, prepared, f"{data}:21")["read_by"]
+    assert read_by["num_samples"] == len(set(holders)) and read_by["samples"] == sorted(set(holders))[:20]
 
 
 def test_a_copy_of_an_earlier_sources_row_names_that_sources_file_and_row(tmp_path, tokenizer_dir):
