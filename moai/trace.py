@@ -86,7 +86,7 @@ def run_splits(t: TrainConfig, world: int | None = None) -> list[BatchSplit]:
     if world is not None:
         return [BatchSplit(0, world, t.micro_batch_size, t.grad_accum_steps)]
     out = []
-    for rec in _records(Path(t.output_dir) / "metrics.jsonl"):
+    for rec in _records(Path(t.output_dir) / "metrics.jsonl", containing='"start"'):
         if rec.get("event") == "start" and isinstance(rec.get("world_size"), int):
             out.append(
                 BatchSplit(
@@ -106,12 +106,15 @@ def split_of(splits: list[BatchSplit], step: int) -> BatchSplit:
     return before[-1] if before else splits[0]
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's records ([] when it is absent); a line that is not JSON is skipped."""
+def _records(path: Path, containing: str = "") -> list[dict[str, Any]]:
+    """metrics.jsonl's records ([] when it is absent), only those of lines `containing` the text
+    (the rest are not parsed: a long run logs ~100 bytes a step); a line that is not JSON is skipped."""
     if not path.exists():
         return []
     out = []
     for n, text in enumerate(path.read_text().splitlines(), 1):
+        if containing not in text:
+            continue
         try:
             rec = json.loads(text)
         except ValueError:
