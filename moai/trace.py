@@ -9,7 +9,7 @@ best_fit rows of pieces) and the token split's document offsets; a document's or
 token store's `.origin` files and `origins.json` (`moai.formats.tokens`). Tracing a step costs one
 epoch order (a permutation of the sample count: ~0.4 s of CPU per 10M samples) plus O(samples x
 documents) look-ups; nothing is read that the step did not read, except the first tokens of each
-document for the preview (benchmarks/trace.py: under 1 s for a cold `moai trace --step` at 10M).
+document for the preview (benchmarks/trace.py: a cold `moai trace --step` at 10M samples, 0.9-1.9 s).
 
 A run resumed on another world size (or another micro_batch_size x grad_accum_steps with the same
 global batch) reads the same samples per step; which rank and micro-batch read each depends on the
