@@ -241,12 +241,14 @@ def packing_markdown(pack: StageResult, heading: str = "#") -> str:
 # -- publishing: Prefect's artifact API, inside a flow run --------------------------------------------
 
 
-def spikes_markdown(spikes: list[dict[str, Any]]) -> str:
-    """The run's biggest loss jumps and the documents in their batches (`moai.trace.loss_spikes`)."""
+def spikes_markdown(spikes: list[dict[str, Any]], when: str | None = None) -> str:
+    """The run's biggest loss jumps and the documents in their batches (`moai.trace.loss_spikes`);
+    `when`: what the card is as of ("at the eval of step 400, while training")."""
+    head = "# Loss spikes\n\n" + (f"_As of {when}._\n\n" if when else "")
     if not spikes:
-        return "# Loss spikes\n\nNo logged loss yet.\n"
+        return head + "No logged loss yet.\n"
     parts = [
-        "# Loss spikes\n\nThe logged steps whose loss jumped most over the 10 logged before, and the "
+        head + "The logged steps whose loss jumped most over the 10 logged before, and the "
         "documents that filled most of each batch (`moai trace CONFIG --step N` lists them all).\n"
     ]
     for s in spikes:

@@ -32,13 +32,14 @@ if not __package__:  # run as a script (python flows/pretrain.py) or loaded by p
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flows import artifacts
-from flows.training_view import TrainingView
+from flows.training_view import SpikesCard, TrainingView
 from moai import pipeline, preflight
 from moai.config import PipelineConfig, read_env
 from moai.hardware import Plan, detect, plan as make_plan
 from moai.pipeline import Inputs, StageResult, launch_training, summary
 from moai.presets import resolve_config, tiny
 from moai.stages.tokenize import reference
+from moai.trace import LossSpikes
 
 
 @dataclass
@@ -164,28 +165,18 @@ def train_task(config: PipelineConfig, prepared: dict[str, Any]) -> dict[str, An
     training card, progress bar and logs follow it live (`flows/training_view.py`)."""
     t = config.train
     assert t is not None  # the flow runs this task only for a config with a train section
-    view = TrainingView(str(Path(t.output_dir).resolve()), t.max_steps, log=get_run_logger().info)
-    last = launch_training(config, prepared, on_line=view.on_line, on_metrics=view.on_metrics)
+    log = get_run_logger()
+    view = TrainingView(str(Path(t.output_dir).resolve()), t.max_steps, log=log.info)
+    spikes = SpikesCard(LossSpikes(config, prepared), log=log.info, warn=log.warning)
+
+    def on_metrics(record: dict[str, Any]) -> None:
+        view.on_metrics(record)
+        spikes.on_metrics(record)
+
+    last = launch_training(config, prepared, on_line=view.on_line, on_metrics=on_metrics)
     view.finish(last)
-    publish_spikes(config, prepared)
+    spikes.finish(last)
     return last
-
-
-def publish_spikes(config: PipelineConfig, prepared: dict[str, Any]) -> None:
-    """The loss-spikes card (`moai.trace.loss_spikes`); a card that cannot be made is a warning,
-    never a failed run."""
-    from prefect.artifacts import create_markdown_artifact
-
-    from moai.trace import loss_spikes
-
-    try:
-        spikes = loss_spikes(config, prepared)
-    except Exception as err:  # the training is done and saved: the card is a convenience
-        get_run_logger().warning("no loss-spikes card: %s", err)
-        return
-    create_markdown_artifact(
-        artifacts.spikes_markdown(spikes), key="loss-spikes", description="Biggest loss jumps and their documents"
-    )
 
 
 @contextlib.contextmanager

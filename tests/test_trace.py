@@ -3,9 +3,11 @@ are the ones the training loader reads, with the documents they hold."""
 
 from __future__ import annotations
 
+import bz2
 import csv
 import gzip
 import json
+import lzma
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 
 from conftest import TINY_MODEL, config_dict, make_texts, write_jsonl
 from moai.config import parse_config
-from moai.errors import DataError
+from moai.errors import ConfigError, DataError
 from moai.formats.tokens import PackedSamples, TokenStore
 from moai.pipeline import prepare
 from moai.trace import Tracer, step_samples, top_loss_steps
@@ -25,6 +27,12 @@ TEXTS = [t for t in make_texts(400, seed=11) if "\n" not in t and t.strip()]
 
 def _write_source(folder: Path, kind: str) -> tuple[Path, dict]:
     """The texts as a source of `kind`, split over two files; and the source settings."""
+    if kind.endswith((".zst", ".bz2", ".xz")):  # the plain files' bytes, compressed
+        base, codec = kind.rsplit(".", 1)
+        _write_source(folder / "plain", base)
+        for n in range(2):
+            (folder / f"f{n}.{kind}").write_bytes(COMPRESS[codec]((folder / "plain" / f"f{n}.{base}").read_bytes()))
+        return folder / f"f*.{kind}", {}
     folder.mkdir(parents=True)
     halves = [TEXTS[: len(TEXTS) // 2], TEXTS[len(TEXTS) // 2 :]]
     for n, texts in enumerate(halves):
@@ -48,9 +56,57 @@ def _write_source(folder: Path, kind: str) -> tuple[Path, dict]:
     return folder / f"f*.{kind}", {}
 
 
+def _zstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(data)
+
+
+COMPRESS = {"zst": _zstd, "bz2": bz2.compress, "xz": lzma.compress}
+DECOMPRESS = {
+    "zst": lambda b: __import__("zstandard").ZstdDecompressor().decompress(b),
+    "bz2": bz2.decompress,
+    "xz": lzma.decompress,
+}
+
+
+def test_a_hub_dataset_names_each_documents_row_by_its_index(tmp_path, tokenizer_dir):
+    """source.hub: `datasets.load_dataset` of a folder of Parquet files (what a hub dataset is
+    once loaded; this machine has no hub): each document's origin is `<hub>[i]`, the i-th row of the
+    loaded split, whose text tokenizes to its ids."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "hub-dataset"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"text": t} for t in TEXTS]), folder / "train-00000.parquet")
+    cfg = config_dict(tmp_path, "unused", {"path": str(tokenizer_dir)}, filter={"min_chars": 30})
+    cfg["source"] = {"hub": str(folder), "split": "train", "text_field": "text"}
+    result = prepare(parse_config(cfg), progress=False)
+    store = TokenStore(result["token_store"])
+    assert store.origin_files["files"] == [str(folder)]
+    loaded = datasets.load_dataset(str(folder), split="train")
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    from moai.trace import where_of
+
+    for split in ("train", "validation"):
+        tokens = store.split(split)
+        assert tokens.origins is not None
+        for doc, origin in enumerate(tokens.origins.tolist()):
+            where, _, row = where_of(origin, store.origin_files["files"], store.origin_files.get("where", []))
+            assert where == f"{folder}[{row}]"
+            assert tokens.document(doc).tolist() == [*tok(loaded[row]["text"])["input_ids"], store.eos_id]
+
+
 def _source_text(file: str, kind: str, row: int) -> str:
     """The text at `row` of a source file, read here independently of convert's readers: a JSON Lines
     or text line counts from 1, a JSON array item and a CSV or Parquet row from 0."""
+    if kind.endswith((".zst", ".bz2", ".xz")):
+        base, codec = kind.rsplit(".", 1)
+        plain = Path(file).with_name(Path(file).name + ".plain")
+        if not plain.exists():
+            plain.write_bytes(DECOMPRESS[codec](Path(file).read_bytes()))
+        return _source_text(str(plain), base, row)
     if kind == "jsonl":
         return json.loads(Path(file).read_text(encoding="utf-8").splitlines()[row - 1])["text"]
     if kind == "jsonl.gz":
@@ -65,7 +121,9 @@ def _source_text(file: str, kind: str, row: int) -> str:
     return Path(file).read_text(encoding="utf-8").split("\n")[row - 1]
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "json", "csv", "parquet", "txt"])
+@pytest.mark.parametrize(
+    "kind", ["jsonl", "jsonl.gz", "jsonl.zst", "json", "csv", "csv.bz2", "parquet", "txt", "txt.xz"]
+)
 def test_every_stored_document_names_the_row_whose_text_tokenizes_to_its_ids(tmp_path, tokenizer_dir, kind):
     from transformers import AutoTokenizer
 
@@ -278,7 +336,8 @@ def test_a_documents_history_names_the_stage_and_reason_that_dropped_it_or_the_s
 
 def test_a_chat_store_has_an_origin_for_every_conversation(tmp_path):
     """Chat data is tokenized its own way (one part per split, with loss masks): its documents
-    name their lines too, each line once."""
+    name their lines too, each line once, and each line's conversation rendered with the template
+    tokenizes to its document's ids."""
     import yaml
 
     from conftest import ROOT
@@ -292,12 +351,21 @@ def test_a_chat_store_has_an_origin_for_every_conversation(tmp_path):
     del data["train"]
     store = TokenStore(prepare(parse_config(data), progress=False)["token_store"])
     assert store.origin_files["files"] == [str(source)]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(data["tokenizer"]["path"])
+    template = Path(data["source"]["chat_template"]).read_text()
+    lines = source.read_text().splitlines()
     rows = []
     for split in ("train", "validation"):
         origins = store.split(split).origins
         assert origins is not None and len(origins) == store.split(split).num_documents
         rows += [int(o) & ((1 << 40) - 1) for o in origins]
-    lines = source.read_text().splitlines()
+        for doc, origin in enumerate(origins.tolist()):  # the line's conversation, rendered, is its ids
+            messages = json.loads(lines[(origin & ((1 << 40) - 1)) - 1])["messages"]
+            text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+            expected = [*tok(text, add_special_tokens=False)["input_ids"], store.eos_id]
+            assert store.split(split).document(doc).tolist() == expected, (split, doc)
     assert sorted(rows) == sorted(set(rows)) and all(1 <= r <= len(lines) for r in rows)
     assert len(rows) == sum(1 for line in lines if line.strip())  # every conversation kept, none twice
 
@@ -345,3 +413,145 @@ def test_unpacked_training_is_traced_document_by_document(tmp_path, tokenizer_di
         p = s.pieces[0]
         assert ids == store.split("train").document(p.document)[p.doc_tokens[0] : p.doc_tokens[1]].tolist()
         assert p.where == f"{tmp_path / 'data' / 't.jsonl'}:{p.row}"
+
+
+def test_a_resumed_run_is_traced_with_each_launchs_split_of_the_global_batch(tmp_path, tokenizer_dir):
+    """Steps 1-10 trained on 1 process (micro-batch 3 x 2 accumulation), steps 11- resumed on 2
+    (3 x 1): the same samples per step; each step's ranks and micro-batches are its launch's."""
+    from moai.trace import document_history
+    from moai.train.data import StepBatches
+
+    cfg = _train_config(tmp_path, tokenizer_dir, "concat", output_dir=str(tmp_path / "run"))
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    t = config.train
+    assert t is not None
+    (tmp_path / "run").mkdir()
+    starts = [
+        {"event": "start", "step": 0, "world_size": 1, "micro_batch_size": 3, "grad_accum_steps": 2},
+        {"event": "start", "step": 10, "world_size": 2, "micro_batch_size": 3, "grad_accum_steps": 1, "resumed": True},
+    ]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in starts))
+    tracer = Tracer(config, prepared, preview=False)
+    n = len(tracer.data)
+    second = t.model_copy(update={"grad_accum_steps": 1})
+    for step, world, tc in ((5, 1, t), (10, 1, t), (11, 2, second), (30, 2, second)):
+        assert tracer.split_of(step).world == world
+        for rank in range(world):
+            loader = list(StepBatches(tc, n, rank, world, step - 1))[: tc.grad_accum_steps]
+            for micro, ids in enumerate(loader):
+                assert [s.index for s in tracer.step(step, rank, micro)] == ids, (step, rank, micro)
+        # whatever the split, the step holds the same samples as on one process
+        whole = Tracer(config, prepared, world=1, preview=False)
+        assert sorted(s.index for s in tracer.step(step)) == sorted(s.index for s in whole.step(step))
+    with pytest.raises(ConfigError, match="--rank 1"):
+        tracer.step(5, rank=1)  # step 5 ran on one process
+    # the other way: each read of a document names a (step, rank, micro-batch) whose samples hold it
+    data = tmp_path / "data" / "t.jsonl"
+    doc = tracer.step(12)[0].pieces[0]
+    history = document_history(config, prepared, f"{data}:{doc.row}")
+    assert history["read_by"]["reads"]
+    for read in history["read_by"]["reads"]:
+        assert any(
+            p.row == doc.row for s in tracer.step(read["step"], read["rank"], read["micro_batch"]) for p in s.pieces
+        )
+        assert read["rank"] < tracer.split_of(read["step"]).world
+
+
+def test_a_contaminated_rows_history_names_the_evaluation_item_it_shares_ngrams_with(tmp_path, tokenizer_dir):
+    from moai.trace import document_history
+
+    leaked = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches"
+    evals = tmp_path / "evals" / "e.jsonl"
+    write_jsonl(evals, [{"text": "an unrelated question about prime numbers and their gaps"}, {"text": leaked}])
+    data = tmp_path / "data" / "d.jsonl"
+    write_jsonl(data, [{"text": t} for t in [*TEXTS[:40], f"Intro. {leaked.upper()}! More words here.", TEXTS[41]]])
+    cfg = config_dict(
+        tmp_path,
+        data,
+        {"path": str(tokenizer_dir)},
+        decontaminate={"path": str(evals), "ngram": 8},
+        keep_dropped=True,
+        train={"model_config": TINY_MODEL, "max_steps": 10},
+    )
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    assert prepared["stages"]["decontaminate"]["dropped"] == {"contaminated": 1}  # the stage report
+    history = document_history(config, prepared, f"{data}:41")
+    assert history["dropped_by"] == "decontaminate" and history["reason"] == "contaminated"
+    assert history["eval_item"] == f"{evals}:2" and history["eval_item"] in history["detail"]
+    assert document_history(config, prepared, f"{data}:42")["split"] in ("train", "validation")
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_every_piece_of_a_giant_document_names_its_row(tmp_path, tokenizer_dir, monkeypatch, mode):
+    """A document over the giant-document size (lowered here to 4 KB) is encoded in pieces and cut
+    across many samples (concat windows; best_fit's seq_len pieces): every sample piece of it names
+    its line, and its pieces cover its tokens once."""
+    from moai.stages.tokenize import parts, pieces
+
+    monkeypatch.setattr(pieces, "LARGE_DOCUMENT_BYTES", 4096)
+    large = []
+    encode_large = parts.encode_large
+    monkeypatch.setattr(parts, "encode_large", lambda *a: large.append(1) or encode_large(*a))
+    giant = "\n".join(" ".join(TEXTS[i : i + 3]) for i in range(0, 150, 3))  # ~15 KB with newlines
+    assert len(giant.encode()) > 4 * 4096
+    data = tmp_path / "data" / "g.jsonl"
+    write_jsonl(data, [{"text": t} for t in [*TEXTS[:20], giant, *TEXTS[20:40]]])  # the giant one is line 21
+    cfg = config_dict(
+        tmp_path,
+        data,
+        {"path": str(tokenizer_dir)},
+        tokenize={"num_proc": 1},  # in this process: the lowered size applies
+        pack={"seq_len": 32, "mode": mode},
+        split={"val_fraction": 0.0},
+        train={"model_config": TINY_MODEL, "max_steps": 10},
+    )
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    assert large == [1]  # encoded as a giant document
+    tracer = Tracer(config, prepared, world=1, preview=False)
+    store = TokenStore(prepared["token_store"])
+    giant_doc = [i for i, o in enumerate(store.split("train").origins.tolist()) if o & ((1 << 40) - 1) == 21]  # type: ignore[union-attr]
+    assert len(giant_doc) == 1
+    length = store.split("train").document(giant_doc[0]).size
+    assert length > 10 * 32
+    covered, holders = [], []
+    for i in range(len(tracer.data)):
+        for p in tracer.sample(i, preview=False).pieces:
+            if p.document == giant_doc[0]:
+                assert p.where == f"{data}:21" and p.row == 21
+                covered.append(p.doc_tokens)
+                holders.append(i)
+    assert len(covered) > 10 and sorted(covered)[0][0] == 0
+    assert sum(b - a for a, b in covered) == length and len(set(covered)) == len(covered)  # each token once
+    # the other way: --document finds exactly the samples that hold a piece of it
+    from moai.trace import document_history
+
+    read_by = document_history(config, prepared, f"{data}:21")["read_by"]
+    assert read_by["num_samples"] == len(set(holders)) and read_by["samples"] == sorted(set(holders))[:20]
+
+
+def test_a_copy_of_an_earlier_sources_row_names_that_sources_file_and_row(tmp_path, tokenizer_dir):
+    """With several sources dedup keeps the earlier source's copy ("copy of ko row 2"): --document
+    on the dropped row names the kept copy by the earlier source's file and line."""
+    from moai.trace import document_history
+
+    ko, en = TEXTS[:40], [*TEXTS[100:140], TEXTS[2]]  # en's line 41 is ko's line 3
+    paths = {
+        n: write_jsonl(tmp_path / n / "c.jsonl", [{"text": t} for t in texts]) for n, texts in (("ko", ko), ("en", en))
+    }
+    cfg = config_dict(tmp_path, paths["ko"], {"path": str(tokenizer_dir)}, dedup={"exact": True}, keep_dropped=True)
+    del cfg["source"]
+    cfg["sources"] = [{"name": n, "path": str(p), "weight": 1} for n, p in paths.items()]
+    cfg["train"] = {"model_config": TINY_MODEL, "max_steps": 10}
+    cfg["mix"] = {"total_tokens": 1024}
+    config = parse_config(cfg)
+    prepared = prepare(config, progress=False)
+    assert prepared["stages"]["dedup[en]"]["dropped"] == {"exact_duplicate": 1}
+    copy = document_history(config, prepared, f"{paths['en']}:41")
+    assert copy["source"] == "en" and copy["dropped_by"] == "dedup" and copy["reason"] == "exact_duplicate"
+    assert copy["detail"] == "copy of ko row 2" and copy["kept_copy_source"] == "ko"
+    assert copy["kept_copy"] == f"{paths['ko']}:3"
+    kept = document_history(config, prepared, copy["kept_copy"])
+    assert kept["source"] == "ko" and "dropped_by" not in kept

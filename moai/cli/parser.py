@@ -113,7 +113,7 @@ def build_parser(description: str | None) -> OneLineParser:
     )
     p.add_argument("--rank", type=int, help="only this rank's samples")
     p.add_argument("--micro-batch", type=int, help="only this micro-batch (of train.grad_accum_steps)")
-    p.add_argument("--world-size", type=int, help="ranks the run trained with (default: its ranks/rank-0.json, else 1)")
+    p.add_argument("--world-size", type=int, help="ranks every step trained with (default: each launch's)")
     p.add_argument("--json", action="store_true", help="one JSON list on stdout")
     p.set_defaults(func=_trace_cmd)
     p = _add_parser(sub, "doctor", help="check this machine's set-up; non-zero exit on any failure")

@@ -41,30 +41,29 @@ def _plan_cmd(args: argparse.Namespace) -> int:
 
 def _trace_cmd(args: argparse.Namespace) -> int:
     from moai.pipeline import prepare
-    from moai.trace import Tracer, document_history, format_samples, run_world_size, sample_json, top_loss_steps
+    from moai.trace import Tracer, document_history, format_samples, sample_json, top_loss_steps
 
     config = resolve_config(args.config)
     if config.train is None:
         raise ConfigError(f"{args.config}: no train section: moai trace follows the samples training reads")
     if sum(x is not None for x in (args.step, args.top_loss, args.document)) != 1:
         raise ConfigError("moai trace: give one of --step N, --top-loss K or --document FILE:ROW")
-    world = args.world_size or run_world_size(config.train.output_dir) or 1
     if args.document is not None:
-        print(json.dumps(document_history(config, prepare(config, progress=False), args.document, world), indent=None))
+        print(json.dumps(document_history(config, prepare(config, progress=False), args.document, args.world_size)))
         return 0
     if args.top_loss is not None:
         steps = top_loss_steps(os.path.join(config.train.output_dir, "metrics.jsonl"), args.top_loss, args.by)
     else:
         steps = [{"step": args.step}]
-    tracer = Tracer(config, prepare(config, progress=False), world)
-    traced = [{**s, "world_size": world, "samples": tracer.step(s["step"], args.rank, args.micro_batch)} for s in steps]
+    tracer = Tracer(config, prepare(config, progress=False), args.world_size)  # None: each launch's, from metrics
+    traced = [{**s, **tracer.step_record(s["step"], args.rank, args.micro_batch)} for s in steps]
     if args.json:
         print(json.dumps([{**t, "samples": [sample_json(x) for x in t["samples"]]} for t in traced]))
         return 0
     for t in traced:
         loss = f" (loss {t['loss']}, {t['jump']:+} over the 10 logged before)" if "loss" in t else ""
         lines = format_samples(t["step"], t["samples"])
-        print(lines[0] + loss + f", world size {world}")
+        print(lines[0] + loss + f", world size {t['world_size']}")
         print("\n".join(lines[1:]))
     return 0
 

@@ -131,6 +131,9 @@ def train_on(job: ResolvedRun, accelerator, mixed: str) -> dict[str, Any]:
             "event": "start",
             "step": state.step,
             "world_size": world,
+            # how this launch splits the global batch: `moai trace` names each step's ranks by it
+            "micro_batch_size": t.micro_batch_size,
+            "grad_accum_steps": t.grad_accum_steps,
             "parameters": num_params,
             "train_samples": len(train_data),
             "seq_len": seq_len,

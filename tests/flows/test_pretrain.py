@@ -48,6 +48,21 @@ def _artifacts(flow_state) -> dict[str, object]:
     return {a.key: a for a in found if a.key}
 
 
+def _versions(flow_state, key: str) -> list[str]:
+    """Every version of the run's artifact `key`, oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    run_id = flow_state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]), key=ArtifactFilterKey(any_=[key])
+            )
+        )
+    return [a.data for a in sorted(found, key=lambda a: a.created)]
+
+
 def test_a_finished_run_shows_its_overview_and_training_chart_and_a_rerun_tells_the_truth(
     prefect_server, pretrain, tmp_path, corpus
 ):
@@ -77,8 +92,16 @@ def test_a_finished_run_shows_its_overview_and_training_chart_and_a_rerun_tells_
     assert "<svg" in svg and "loss (smoothed)" in svg and str(tmp_path / "run") in svg
     assert found["train-progress"].data == 100.0
     assert not any(k.endswith("-output") for k in found)  # no file:// link cards
-    spikes = found["loss-spikes"].data  # the biggest loss jumps, traced to their documents' files and rows
-    assert spikes.startswith("# Loss spikes") and "## Step " in spikes and f"`{corpus}:" in spikes, spikes[:500]
+    # the biggest loss jumps, traced to their documents' files and rows: made at the first eval (step 4)
+    # while training ran, then once more at the end (each a version of the card, oldest first)
+    spikes = _versions(first, "loss-spikes")
+    assert [s.split("\n")[2] for s in spikes] == [
+        "_As of the eval at step 4, while training._",
+        "_As of the end of training (step 6)._",
+    ], [s[:200] for s in spikes]
+    for card in spikes:
+        assert "## Step " in card and f"`{corpus}:" in card, card[:500]
+    assert "## Step 6" in spikes[1]  # (the eval's card has the steps logged when it was made: racing the run here)
 
     second = pretrain(cfg, return_state=True)
     assert second.is_completed(), second

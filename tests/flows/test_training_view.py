@@ -226,3 +226,46 @@ def test_the_run_links_to_the_mlflow_run_the_start_line_names(prefect_server, tm
         found = client.read_artifacts(artifact_filter=by_run)
     # Prefect stores a link card as markdown holding the one link
     assert [a.data for a in found if a.key == "tracker-run"] == [f"[the tracker's run]({url})"]
+
+
+def test_the_spikes_card_is_made_at_the_first_eval_then_at_most_every_spikes_s_and_at_the_end():
+    now = [0.0]
+    cards: list[str] = []
+    calls = []
+
+    def spikes():
+        calls.append(now[0])
+        return [{"step": 7, "loss": 5.0, "jump": 2.0, "num_documents": 1, "documents": []}]
+
+    card = training_view.SpikesCard(
+        spikes, log=lambda m: None, warn=lambda m: None, publish=cards.append, clock=lambda: now[0]
+    )
+    card.on_metrics({"step": 5, "loss": 3.0})  # a step: no card
+    assert cards == []
+    card.on_metrics({"step": 10, "eval_loss": 3.0})
+    now[0] = training_view.SPIKES_S - 1
+    card.on_metrics({"step": 20, "eval_loss": 3.0})  # too soon after the last one
+    now[0] = training_view.SPIKES_S + 1
+    card.on_metrics({"step": 30, "eval_loss": 3.0})
+    card.finish({"step": 40})
+    assert [c.split("\n")[2] for c in cards] == [
+        "_As of the eval at step 10, while training._",
+        "_As of the eval at step 30, while training._",
+        "_As of the end of training (step 40)._",
+    ]
+    assert all("## Step 7: loss 5.0000 (+2.0000)" in c for c in cards) and len(calls) == 3
+
+
+def test_a_spikes_card_that_cannot_be_made_is_a_warning_not_a_failure():
+    warnings: list[str] = []
+
+    def broken():
+        raise OSError("metrics.jsonl: disk gone")
+
+    card = training_view.SpikesCard(broken, log=lambda m: None, warn=warnings.append, publish=lambda m: None)
+    card.on_metrics({"step": 10, "eval_loss": 3.0})
+    card.finish({"step": 20})
+    assert warnings == [
+        "no loss-spikes card as of the eval at step 10, while training: OSError: metrics.jsonl: disk gone",
+        "no loss-spikes card as of the end of training (step 20): OSError: metrics.jsonl: disk gone",
+    ]

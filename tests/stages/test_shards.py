@@ -72,6 +72,9 @@ def test_shards_in_any_order_merge_to_the_local_store(tmp_path, tokenizer_dir):
     a, b = files(tmp_path / "local" / "tokenize"), files(tmp_path / "sharded" / "tokenize")
     assert a.keys() == b.keys() and all(a[k] == b[k] for k in a)
     assert len([k for k in a if k.suffix == ".bin"]) > n  # really several parts per shard
+    # the documents' origins too: an `.origin` beside every part, and the source's files named once
+    assert len([k for k in a if k.suffix == ".origin"]) == len([k for k in a if k.suffix == ".bin"])
+    assert len([k for k in a if k.name == "origins.json"]) == 1
 
 
 def test_shard_index_is_checked(tmp_path, corpus, tokenizer_dir):

@@ -92,6 +92,8 @@ def test_resume_gives_bit_identical_losses(learnable, tmp_path, ranks):
     starts = [r for r in records if r.get("event") == "start"]
     assert [s["resumed"] for s in starts] == [False, True] and starts[1]["step"] == 5
     assert starts[0]["world_size"] == ranks
+    # each launch's split of the global batch, which `moai trace` names a step's ranks by
+    assert all(isinstance(s["micro_batch_size"], int) and isinstance(s["grad_accum_steps"], int) for s in starts)
 
 
 def test_two_cpu_ranks_see_disjoint_samples(learnable, tmp_path):
@@ -299,3 +301,27 @@ def test_ctrl_c_during_training_is_one_line_and_leaves_no_rank(learnable, tmp_pa
     resolved = str(out.resolve() / "resolved.json")
     ranks = [p for p in psutil.process_iter(["cmdline"]) if resolved in (p.info["cmdline"] or [])]
     assert ranks == [], ranks
+
+
+def test_a_run_resumed_on_another_world_size_is_traced_with_each_launchs_ranks(learnable, tmp_path):
+    """Steps 1-5 on one process (micro-batch 4), steps 6-8 resumed on two (micro-batch 2, the same
+    global batch): `moai trace` names each step's ranks as the launch that trained it read them
+    (each launch's ranks/rank-R.json records the samples its ranks read first)."""
+    from moai.pipeline import prepare
+    from moai.trace import Tracer
+
+    root, corpus, tok = learnable
+    out = tmp_path / "run"
+    moai_train(config(root, corpus, tok, out, max_steps=8, stop_after_steps=5), tmp_path)
+    one = json.loads((out / "ranks" / "rank-0.json").read_text())
+    second = config(root, corpus, tok, out, max_steps=8, num_processes=2, micro_batch_size=2)
+    moai_train(second, tmp_path)
+    two = [json.loads((out / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert one["start_step"] == 0 and [r["start_step"] for r in two] == [5, 5] and two[1]["world_size"] == 2
+    cfg = parse_config(second)
+    tracer = Tracer(cfg, prepare(cfg, progress=False), preview=False)
+    assert [tracer.split_of(s).world for s in (1, 5, 6, 8)] == [1, 1, 2, 2]
+    assert [s.index for s in tracer.step(1, rank=0, micro=0)] == one["first_samples"]
+    for r in (0, 1):
+        assert [s.index for s in tracer.step(6, rank=r, micro=0)] == two[r]["first_samples"]
+    assert len(tracer.step(3)) == len(tracer.step(7)) == 4  # the global batch, whichever launch
