@@ -172,22 +172,41 @@ def test_json_of_the_listing_is_stable(tmp_path, s3_server, s3_bucket):
 
 @pytest.fixture
 def http_folder(tmp_path):
-    """A folder served over HTTP on loopback (the standard library's server, in a thread)."""
-    import functools
-    import http.server
-    import threading
+    """A folder served over HTTP on loopback: the standard library's server in a process of its
+    own (`python -m http.server`), stopped by its pid."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from s3_server import _free_ports
 
     folder = tmp_path / "www"
     folder.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    (port,) = _free_ports(1)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
     try:
-        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                urllib.request.urlopen(base, timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"python -m http.server did not answer on {base}")
+                time.sleep(0.1)
+        yield folder, base
     finally:
-        server.shutdown()
-        thread.join(10)
+        server.terminate()
+        try:
+            server.wait(5)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(5)
 
 
 def test_an_https_style_url_without_etag_is_fingerprinted_by_its_bytes(tmp_path, http_folder):
@@ -207,6 +226,7 @@ def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_buc
     """Reading the rows of a 48 MB object holds a few read-ahead blocks, not the object (tracemalloc's peak)."""
     import tracemalloc
 
+    from moai.stages.convert.read_ahead import ReadAhead
     from moai.stages.convert.readers import Rows, file_rows
 
     line = json.dumps({"text": "x" * 1000}).encode() + b"\n"
@@ -224,27 +244,111 @@ def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_buc
             tracemalloc.stop()
         assert count == 48_000 and read[0].size == obj.size
         assert peak < 24e6, f"{name}: peak {peak / 1e6:.0f} MB while reading 48 MB of text"
+    # two such objects fetched at once: a few chunks of each in flight, not the objects
+    s3_server.fs().copy(f"{s3_bucket}/big/b.jsonl", f"{s3_bucket}/big/b2.jsonl")
+    source = src(f"s3://{s3_bucket}/big/b*.jsonl", s3_server)
+    objs, rows, read = source_files(source), Rows(source), []
+    tracemalloc.start()
+    try:
+        with ReadAhead(objs, 2) as ahead:
+            count = sum(1 for i, obj in enumerate(objs) for _ in file_rows(obj, source, rows, read, ahead.stream(i)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 2 * 48_000 and [r.size for r in read] == [o.size for o in objs]
+    assert peak < 2 * 3 * 4.2e6 + 16e6, f"peak {peak / 1e6:.0f} MB while fetching 2 objects of 48 MB at once"
 
 
-def test_a_server_lost_mid_read_is_named_as_such_not_as_a_corrupt_file(tmp_path, s3_server, s3_bucket):
+def test_a_server_lost_mid_read_is_named_as_such_not_as_a_corrupt_file(tmp_path, monkeypatch):
+    """Read by the parser's thread and fetched ahead by a thread of its own, alike. A server of the
+    test's own, killed and not restarted (a restart after SIGKILL takes 14-17 s, a fresh start ~4 s)."""
     import os
 
+    from moai.stages.convert.read_ahead import ReadAhead
+    from moai.stages.convert.readers import Rows, file_rows
+    from s3_server import new_bucket, remove, started_server
+
+    rows = [{"text": os.urandom(3000).hex()} for _ in range(6000)]  # ~36 MB that zstd shrinks to ~19 MB
+    data = zstandard.ZstdCompressor().compress("".join(json.dumps(r) + "\n" for r in rows).encode())
+    assert len(data) > 4 * (1 << 22)  # more 4 MiB requests than the read-ahead holds
+    server = started_server()
+    try:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        bucket = new_bucket(server)
+        server.fs().pipe(f"{bucket}/lost/a.jsonl.zst", data)
+        source = src(f"s3://{bucket}/lost/a.jsonl.zst", server)
+        objs = source_files(source)
+        with ReadAhead(objs, 2) as ahead:
+            readings = [
+                file_rows(objs[0], source, Rows(source), []),
+                file_rows(objs[0], source, Rows(source), [], ahead.stream(0)),
+            ]
+            for reading in readings:
+                next(reading)
+            server.kill()
+            for reading in readings:
+                started = time.monotonic()
+                with pytest.raises(
+                    MoaiError, match=rf"cannot read s3://{bucket}/lost/a\.jsonl\.zst: cannot reach the endpoint"
+                ):
+                    for _ in reading:
+                        pass
+                assert time.monotonic() - started < 15
+    finally:
+        remove(server)
+
+
+def test_objects_fetched_in_parallel_give_the_sequential_output_byte_for_byte(tmp_path, s3_server, s3_bucket):
+    """Objects of every codec and of varied sizes, read one after another and 4 at a time: the same
+    files (text, origins, state), bytes for bytes; the read-ahead really has several in flight."""
+    from moai.stages.convert.read_ahead import ReadAhead
+
+    texts = make_texts(1500, seed=21)
+    fs = s3_server.fs()
+    start = 0
+    for i in range(10):
+        n = 20 + 37 * (i % 4)  # rows per object: 20 to 131
+        data = "".join(json.dumps({"text": t}) + "\n" for t in texts[start : start + n]).encode()
+        start += n
+        suffix = ("", ".zst", ".gz")[i % 3]
+        if suffix == ".zst":
+            data = zstandard.ZstdCompressor().compress(data)
+        elif suffix == ".gz":
+            data = gzip.compress(data)
+        fs.pipe(f"{s3_bucket}/par/part-{i:02d}.jsonl{suffix}", data)
+    url = f"s3://{s3_bucket}/par/part-*"
+    outputs = []
+    for n in (1, 4):
+        source = src(url, s3_server, num_parallel_reads=n)
+        out = tmp_path / f"out{n}"
+        assert texts_of(source, out) == texts[:start]
+        outputs.append({p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()})
+    assert outputs[0] == outputs[1] and len(outputs[0]) >= 3
+    objs = source_files(src(url, s3_server))
+    with ReadAhead(objs, 4) as ahead:
+        ahead.stream(0)
+        assert ahead.in_flight == 4
+        ahead.stream(5)
+        assert ahead.in_flight == 4
+    assert ahead.in_flight == 0
+
+
+def test_an_object_gone_before_its_read_is_one_line_fetched_ahead_or_not(tmp_path, s3_server, s3_bucket):
+    from moai.stages.convert.read_ahead import ReadAhead
     from moai.stages.convert.readers import Rows, file_rows
 
-    rows = [{"text": os.urandom(3000).hex()} for _ in range(4000)]  # ~24 MB that zstd cannot shrink much
-    data = zstandard.ZstdCompressor().compress("".join(json.dumps(r) + "\n" for r in rows).encode())
-    assert len(data) > 2 * (1 << 22)  # several 4 MiB requests
-    s3_server.fs().pipe(f"{s3_bucket}/lost/a.jsonl.zst", data)
-    source = src(f"s3://{s3_bucket}/lost/a.jsonl.zst", s3_server)
-    (obj,) = source_files(source)
-    reading = file_rows(obj, source, Rows(source), [])
-    next(reading)
-    s3_server.kill()
-    try:
-        with pytest.raises(
-            MoaiError, match=rf"cannot read s3://{s3_bucket}/lost/a\.jsonl\.zst: cannot reach the endpoint"
-        ):
-            for _ in reading:
-                pass
-    finally:
-        s3_server.start()
+    fs = s3_server.fs()
+    for name in ("a", "b", "c"):
+        fs.pipe(f"{s3_bucket}/gone/{name}.jsonl", json.dumps({"text": name}).encode() + b"\n")
+    source = src(f"s3://{s3_bucket}/gone/*.jsonl", s3_server)
+    objs = source_files(source)
+    fs.rm(f"{s3_bucket}/gone/b.jsonl")  # listed, then gone before it is read
+    for n in (1, 3):
+        rows, texts = Rows(source), []
+        with ReadAhead(objs, n) as ahead:
+            with pytest.raises(MoaiError, match=rf"^cannot read s3://{s3_bucket}/gone/b\.jsonl: no such object"):
+                for i, obj in enumerate(objs):
+                    texts += [row["text"] for _, row in file_rows(obj, source, rows, [], ahead.stream(i))]
+            assert ahead.in_flight == (0 if n == 1 else 2)  # b and c: c fetched, not read
+        assert texts == ["a"]

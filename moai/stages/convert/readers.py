@@ -309,15 +309,20 @@ def _txt_rows(f: BinaryIO, path: SourceFile, source: SourceConfig, rows: Rows) -
 
 
 def file_rows(
-    path: SourceFile, source: SourceConfig, rows: Rows, read: list[FileRead]
+    path: SourceFile,
+    source: SourceConfig,
+    rows: Rows,
+    read: list[FileRead],
+    fetched: io.RawIOBase | None = None,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The rows of one file; once they are all out, what was read of it is appended to `read`."""
+    """The rows of one file; once they are all out, what was read of it is appended to `read`.
+    `fetched`: a remote object's bytes as a read-ahead thread fetches them (`read_ahead`)."""
     kind = format_of(path)
     if kind == "parquet":
         yield from _parquet_rows(path, source, rows, read)
         return
     with contextlib.ExitStack() as stack:
-        raw = stack.enter_context(HashingReader(path))
+        raw = stack.enter_context(HashingReader(path, fetched))
         # peekable compressed bytes: the magic number is looked at without a second read of the file
         stored = stack.enter_context(io.BufferedReader(raw, CHUNK_BYTES))
         codec = codec_of(path, stored.peek(HEAD_BYTES)[:HEAD_BYTES])
