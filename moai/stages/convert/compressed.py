@@ -28,6 +28,7 @@ from typing import Any
 
 from moai.errors import DataError
 from moai.remote import RemoteObject
+from moai.stages.convert.chunks import QueuedChunks
 
 SourceFile = Path | RemoteObject  # a local file, or an object a URL names (str() is its URL)
 
@@ -238,7 +239,7 @@ AHEAD_MIN_BYTES = 1 << 20  # a smaller file is decompressed by the parser: a thr
 AHEAD_CHUNK_BYTES = 1 << 22
 
 
-class DecompressedAhead(io.RawIOBase):
+class DecompressedAhead(QueuedChunks):
     """The decompressed bytes of `stream`, made by a thread of its own while the parser parses.
 
     zstd and gzip decompressors release the GIL while they work, so decompression runs on another
@@ -258,9 +259,7 @@ class DecompressedAhead(io.RawIOBase):
         for _ in range(buffers):
             self._free.put(bytearray(AHEAD_CHUNK_BYTES))
         self._stop = threading.Event()
-        self._held: bytearray | None = None
-        self._view = memoryview(b"")
-        self._ended = False
+        self._held: bytearray | None = None  # the buffer being parsed, back to the thread once read
         self._thread = threading.Thread(target=self._run, args=(stream,), name="moai-decompress", daemon=True)
         self._thread.start()
 
@@ -276,36 +275,21 @@ class DecompressedAhead(io.RawIOBase):
         except BaseException as err:
             self._ready.put(err)
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if not self._view:
-            if self._ended:
-                return 0
-            if self._held is not None:
-                self._free.put(self._held)
-                self._held = None
-            item = self._ready.get()
-            if isinstance(item, BaseException):
-                self._ended = True
-                raise item
-            self._held, n = item
-            if not n:
-                self._ended = True
-                return 0
-            self._view = memoryview(self._held)[:n]
-        n = min(len(buffer), len(self._view))
-        buffer[:n] = self._view[:n]
-        self._view = self._view[n:]
-        return n
+    def _next_chunk(self) -> memoryview:
+        if self._held is not None:
+            self._free.put(self._held)
+            self._held = None
+        item = self._ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        self._held, n = item
+        return memoryview(self._held)[:n]
 
     def close(self) -> None:
         if not self.closed:
             self._stop.set()
             self._free.put(None)
             self._thread.join()
-            self._view = memoryview(b"")
             self._held = None
         super().close()
 

@@ -17,28 +17,25 @@ in the parser's thread, one after another.
 
 from __future__ import annotations
 
-import io
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from moai.remote import RemoteObject
+from moai.stages.convert.chunks import QueuedChunks
 from moai.stages.convert.compressed import SourceFile, format_suffix
 from moai.stages.convert.fingerprint import CHUNK_BYTES
 
 _PUT_WAIT_S = 0.1  # how often a fetcher whose queue is full checks whether it was stopped
 
 
-class Fetched(io.RawIOBase):
+class Fetched(QueuedChunks):
     """One remote object's bytes, front to back, as a read-ahead thread fetches them."""
 
     def __init__(self, obj: RemoteObject, pool: ThreadPoolExecutor):
         super().__init__()
         self._queue: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
-        self._chunk = memoryview(b"")
-        self._ended = False
         pool.submit(self._fetch, obj)
 
     def _fetch(self, obj: RemoteObject) -> None:
@@ -60,30 +57,15 @@ class Fetched(io.RawIOBase):
             except queue.Full:
                 continue
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if not self._chunk:
-            if self._ended:
-                return 0
-            item = self._queue.get()
-            if isinstance(item, BaseException):
-                self._ended = True
-                raise item
-            if not item:
-                self._ended = True
-                return 0
-            self._chunk = memoryview(item)
-        n = min(len(buffer), len(self._chunk))
-        buffer[:n] = self._chunk[:n]
-        self._chunk = self._chunk[n:]
-        return n
+    def _next_chunk(self) -> memoryview:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return memoryview(item)
 
     def close(self) -> None:
         """Stops the fetcher (it ends after the request in progress, if any) and drops what it holds."""
         self._stop.set()
-        self._chunk = memoryview(b"")
         while not self._queue.empty():
             self._queue.get_nowait()
         super().close()
