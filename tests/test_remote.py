@@ -222,6 +222,21 @@ def test_an_https_style_url_without_etag_is_fingerprinted_by_its_bytes(tmp_path,
         texts_of(source, tmp_path / "out2", source_fp=fp)
 
 
+def test_a_glob_over_http_reads_the_links_of_the_directory_page(tmp_path, http_folder):
+    """fsspec's HTTP filesystem globs by the links of a directory's HTML page (what `python -m
+    http.server`, nginx autoindex and similar serve); the objects are fetched ahead in parallel."""
+    folder, base = http_folder
+    plain = shards(tmp_path)
+    (folder / "shards").mkdir()
+    for f in plain:
+        (folder / "shards" / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+    source = src(f"{base}/shards/*.jsonl.gz")
+    assert [str(o) for o in source_files(source)] == [f"{base}/shards/s{i}.jsonl.gz" for i in range(3)]
+    # no ETag and no size in the listing: each object's bytes, as the same files on disk
+    assert source_fingerprint(source) == source_fingerprint(src(folder / "shards" / "*.jsonl.gz"))
+    assert texts_of(source, tmp_path / "out") == texts_of(src(tmp_path / "plain" / "*.jsonl"), tmp_path / "local")
+
+
 def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_bucket):
     """Reading the rows of a 48 MB object holds a few read-ahead blocks, not the object (tracemalloc's peak)."""
     import tracemalloc
