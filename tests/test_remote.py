@@ -274,44 +274,38 @@ def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_buc
     assert peak < 2 * 3 * 4.2e6 + 16e6, f"peak {peak / 1e6:.0f} MB while fetching 2 objects of 48 MB at once"
 
 
-def test_a_server_lost_mid_read_is_named_as_such_not_as_a_corrupt_file(tmp_path, monkeypatch):
-    """Read by the parser's thread and fetched ahead by a thread of its own, alike. A server of the
-    test's own, killed and not restarted (a restart after SIGKILL takes 14-17 s, a fresh start ~4 s)."""
+def test_a_server_lost_mid_read_is_named_as_such_not_as_a_corrupt_file(tmp_path, s3_server, s3_bucket):
+    """Read by the parser's thread and fetched ahead by a thread of its own, alike."""
     import os
 
     from moai.stages.convert.read_ahead import ReadAhead
     from moai.stages.convert.readers import Rows, file_rows
-    from s3_server import new_bucket, remove, started_server
 
     rows = [{"text": os.urandom(3000).hex()} for _ in range(6000)]  # ~36 MB that zstd shrinks to ~19 MB
     data = zstandard.ZstdCompressor().compress("".join(json.dumps(r) + "\n" for r in rows).encode())
     assert len(data) > 4 * (1 << 22)  # more 4 MiB requests than the read-ahead holds
-    server = started_server()
-    try:
-        for name, value in server.env().items():
-            monkeypatch.setenv(name, value)
-        bucket = new_bucket(server)
-        server.fs().pipe(f"{bucket}/lost/a.jsonl.zst", data)
-        source = src(f"s3://{bucket}/lost/a.jsonl.zst", server)
-        objs = source_files(source)
-        with ReadAhead(objs, 2) as ahead:
-            readings = [
-                file_rows(objs[0], source, Rows(source), []),
-                file_rows(objs[0], source, Rows(source), [], ahead.stream(0)),
-            ]
-            for reading in readings:
-                next(reading)
-            server.kill()
+    s3_server.fs().pipe(f"{s3_bucket}/lost/a.jsonl.zst", data)
+    source = src(f"s3://{s3_bucket}/lost/a.jsonl.zst", s3_server)
+    objs = source_files(source)
+    with ReadAhead(objs, 2) as ahead:
+        readings = [
+            file_rows(objs[0], source, Rows(source), []),
+            file_rows(objs[0], source, Rows(source), [], ahead.stream(0)),
+        ]
+        for reading in readings:
+            next(reading)
+        s3_server.kill()
+        try:
             for reading in readings:
                 started = time.monotonic()
                 with pytest.raises(
-                    MoaiError, match=rf"cannot read s3://{bucket}/lost/a\.jsonl\.zst: cannot reach the endpoint"
+                    MoaiError, match=rf"cannot read s3://{s3_bucket}/lost/a\.jsonl\.zst: cannot reach the endpoint"
                 ):
                     for _ in reading:
                         pass
                 assert time.monotonic() - started < 15
-    finally:
-        remove(server)
+        finally:
+            s3_server.start()
 
 
 def test_objects_fetched_in_parallel_give_the_sequential_output_byte_for_byte(tmp_path, s3_server, s3_bucket):
