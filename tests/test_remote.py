@@ -99,8 +99,14 @@ def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3
     local_cfg = config_dict(tmp_path, tmp_path / "plain" / "*.jsonl", tok, cache_dir=str(tmp_path / "local"))
     remote_cfg = config_dict(tmp_path, f"s3://{s3_bucket}/corpus/*.jsonl.zst", tok, cache_dir=str(tmp_path / "remote"))
     remote_cfg["source"]["storage_options"] = {"endpoint_url": s3_server.endpoint}
+    # one object at a time (the default fetches 4 at once): the same token store, byte for byte
+    one_cfg = {
+        **remote_cfg,
+        "cache_dir": str(tmp_path / "one"),
+        "source": {**remote_cfg["source"], "num_parallel_reads": 1},
+    }
     outputs = []
-    for name, cfg in (("local", local_cfg), ("remote", remote_cfg)):
+    for name, cfg in (("local", local_cfg), ("remote", remote_cfg), ("one", one_cfg)):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
         run = moai_cli("prepare", f"{name}.yaml", "-v", cwd=tmp_path, env=s3_server.env())
         assert run.returncode == 0, run.stderr[-3000:]
@@ -110,6 +116,7 @@ def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3
     assert {p.name for p in local} == {p.name for p in remote}
     local_tokens = sorted(v for p, v in local.items() if p.name != "origins.json")
     assert len(local_tokens) > 1 and local_tokens == sorted(v for p, v in remote.items() if p.name != "origins.json")
+    assert store_files(tmp_path / "one" / "tokenize") == remote
     (origins,) = [json.loads(v) for p, v in remote.items() if p.name == "origins.json"]
     assert origins["files"] == [f"s3://{s3_bucket}/corpus/s{i}.jsonl.zst" for i in range(3)]
     secret = s3_server.secret.encode()
