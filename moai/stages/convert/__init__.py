@@ -33,7 +33,9 @@ they are not the fingerprinted bytes: a file written during a run is never cache
 that describes other bytes. Hub datasets keep the `datasets` fingerprint.
 
 The package: `readers` (the rows of each format, bad-row routing), `fingerprint` (hashing what
-is read, refusing what changed); this module is the stage: text from rows, and `convert`.
+is read, refusing what changed), `compressed` (codecs, decompression beside the parser),
+`read_ahead` (remote objects fetched N at a time, `source.num_parallel_reads`), `chunks` (the
+stream both hand their chunks through); this module is the stage: text from rows, and `convert`.
 """
 
 from __future__ import annotations
