@@ -12,6 +12,11 @@ its local one in the same run:
 - upload / download: convert's output folder pushed to and pulled from the remote cache
   (`RemoteCache.push`/`pull`, digests checked on pull), against `shutil.copytree` to a local folder.
 
+With --objects K, only this instead: the corpus cut into K `.jsonl.zst` objects, converted from S3
+with `source.num_parallel_reads` 1 (one object after another) and each of --in-flight (objects
+fetched at once while one is parsed), in interleaved rounds after one round of warm-up; min and
+median seconds of each, and the speed against 1 in flight in the same run.
+
 Loopback: no network between client and server, and the server's disk is this machine's; real
 object storage adds latency and bandwidth limits that these figures do not have.
 """
@@ -45,10 +50,64 @@ def best(fn, repeats: int) -> float:
     return min(times)
 
 
+def parallel_objects(server, bucket: str, options: dict, corpus: Path, k: int, in_flight: list[int], repeats: int):
+    """convert of the corpus cut into k `.jsonl.zst` objects, by num_parallel_reads, interleaved rounds."""
+    import statistics
+
+    import zstandard
+
+    from moai.config import parse_config
+    from moai.stages.convert import convert, source_fingerprint
+
+    lines = corpus.read_bytes().splitlines(keepends=True)
+    fs = server.fs()
+    stored = 0
+    for i in range(k):
+        data = zstandard.ZstdCompressor(level=3).compress(b"".join(lines[i::k]))
+        stored += len(data)
+        fs.pipe(f"{bucket}/shards/part-{i:04d}.jsonl.zst", data)
+    url = f"s3://{bucket}/shards/*.jsonl.zst"
+    seconds: dict[int, list[float]] = {n: [] for n in in_flight}
+    digests = set()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        for round_ in range(repeats + 1):  # round 0 warms up (the client, the server's caches): not counted
+            for n in in_flight:
+                source = parse_config(
+                    {
+                        "source": {"path": url, "storage_options": options, "num_parallel_reads": n},
+                        "tokenizer": {"path": "t"},
+                    }
+                ).source
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir()
+                started = time.perf_counter()
+                convert(
+                    source, out, source_fp=source_fingerprint(source), writer_batch_size=10_000, max_shard_size="500MB"
+                )
+                if round_:
+                    seconds[n].append(time.perf_counter() - started)
+                digests.add(tuple(sorted((p.name, p.read_bytes()) for p in out.iterdir())))
+    assert len(digests) == 1, "outputs differ between num_parallel_reads"  # byte-identical, whatever N
+    median = {n: statistics.median(v) for n, v in seconds.items()}
+    return {
+        "objects": k,
+        "stored_mb": round(stored / 1e6, 1),
+        "text_mb": round(corpus.stat().st_size / 1e6, 1),
+        "seconds_min": {n: round(min(v), 3) for n, v in seconds.items()},
+        "seconds_median": {n: round(v, 3) for n, v in median.items()},
+        "speed_vs_1_median": {n: round(median[1] / v, 2) for n, v in median.items()},
+        "speed_vs_1_min": {n: round(min(seconds[1]) / min(v), 2) for n, v in seconds.items()},
+        "outputs_identical": True,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, required=True, help="a .jsonl file of real text")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--objects", type=int, help="measure only convert of this many objects, 1 vs N in flight")
+    ap.add_argument("--in-flight", default="2,4,8", help="with --objects: the num_parallel_reads to compare to 1")
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -66,6 +125,14 @@ def main() -> None:
         os.environ.update(server.env())
         bucket = new_bucket(server)
         options = {"endpoint_url": server.endpoint}
+        if args.objects:
+            in_flight = [1, *(int(n) for n in args.in_flight.split(","))]
+            print(
+                json.dumps(
+                    parallel_objects(server, bucket, options, args.corpus, args.objects, in_flight, args.repeats)
+                )
+            )
+            return
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             zst = work / "corpus.jsonl.zst"

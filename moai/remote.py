@@ -256,9 +256,10 @@ def list_objects(url: str, storage_options: dict[str, Any] | None = None) -> lis
             try:
                 found = {url: fs.info(url)}
             except FileNotFoundError:
-                if not fs.exists(bucket_of(url)) and protocol in ("s3", "s3a", "gs", "gcs"):
-                    raise FileNotFoundError(f"The specified bucket does not exist: {bucket_of(url)}") from None
                 found = {}
+        # nothing found: a bucket that does not exist is named as such (a glob in it finds nothing too)
+        if not found and protocol in ("s3", "s3a", "gs", "gcs") and not fs.exists(bucket_of(url)):
+            raise FileNotFoundError(f"The specified bucket does not exist: {bucket_of(url)}")
     except Exception as err:
         raise explain(url, err) from None
     objects = []

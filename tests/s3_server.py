@@ -113,6 +113,10 @@ class S3Server:
             # each bucket is a collection that takes several volumes: the default (8 volumes of
             # 30 GB) refuses writes by the third bucket; small volumes, many of them (sparse files)
             "-master.volumeSizeLimitMB=64",
+            # one master, its state from the volume servers: a restart after SIGKILL took 14-23 s (it
+            # waited out the 10 s election timeout on its old raft state), 4 s so
+            "-master.electionTimeout=1s",
+            "-master.resumeState=false",
             "-volume.max=500",
             "-s3",
             f"-s3.config={config}",

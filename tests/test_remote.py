@@ -99,8 +99,14 @@ def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3
     local_cfg = config_dict(tmp_path, tmp_path / "plain" / "*.jsonl", tok, cache_dir=str(tmp_path / "local"))
     remote_cfg = config_dict(tmp_path, f"s3://{s3_bucket}/corpus/*.jsonl.zst", tok, cache_dir=str(tmp_path / "remote"))
     remote_cfg["source"]["storage_options"] = {"endpoint_url": s3_server.endpoint}
+    # one object at a time (the default fetches 4 at once): the same token store, byte for byte
+    one_cfg = {
+        **remote_cfg,
+        "cache_dir": str(tmp_path / "one"),
+        "source": {**remote_cfg["source"], "num_parallel_reads": 1},
+    }
     outputs = []
-    for name, cfg in (("local", local_cfg), ("remote", remote_cfg)):
+    for name, cfg in (("local", local_cfg), ("remote", remote_cfg), ("one", one_cfg)):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
         run = moai_cli("prepare", f"{name}.yaml", "-v", cwd=tmp_path, env=s3_server.env())
         assert run.returncode == 0, run.stderr[-3000:]
@@ -110,6 +116,7 @@ def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3
     assert {p.name for p in local} == {p.name for p in remote}
     local_tokens = sorted(v for p, v in local.items() if p.name != "origins.json")
     assert len(local_tokens) > 1 and local_tokens == sorted(v for p, v in remote.items() if p.name != "origins.json")
+    assert store_files(tmp_path / "one" / "tokenize") == remote
     (origins,) = [json.loads(v) for p, v in remote.items() if p.name == "origins.json"]
     assert origins["files"] == [f"s3://{s3_bucket}/corpus/s{i}.jsonl.zst" for i in range(3)]
     secret = s3_server.secret.encode()
@@ -142,9 +149,8 @@ def test_wrong_credentials_a_missing_bucket_and_no_server_are_one_line_in_second
     s3_server.fs().pipe(f"{s3_bucket}/k/a.jsonl", b'{"text": "x"}\n')
     url = f"s3://{s3_bucket}/k/*.jsonl"
     assert len(source_files(src(url, s3_server))) == 1
-    one_line_in_seconds(
-        src(f"s3://no-such-bucket-{s3_bucket}/k/a.jsonl", s3_server), r"bucket does not exist: create it"
-    )
+    for missing in (f"s3://no-such-bucket-{s3_bucket}/k/a.jsonl", f"s3://no-such-bucket-{s3_bucket}/k/*.jsonl"):
+        one_line_in_seconds(src(missing, s3_server), r"bucket does not exist: create it")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     denied = rf"cannot read {re.escape(url)}: access denied .*check the credentials"
     line = one_line_in_seconds(src(url, s3_server), denied)
@@ -172,22 +178,41 @@ def test_json_of_the_listing_is_stable(tmp_path, s3_server, s3_bucket):
 
 @pytest.fixture
 def http_folder(tmp_path):
-    """A folder served over HTTP on loopback (the standard library's server, in a thread)."""
-    import functools
-    import http.server
-    import threading
+    """A folder served over HTTP on loopback: the standard library's server in a process of its
+    own (`python -m http.server`), stopped by its pid."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from s3_server import _free_ports
 
     folder = tmp_path / "www"
     folder.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    (port,) = _free_ports(1)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
     try:
-        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                urllib.request.urlopen(base, timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"python -m http.server did not answer on {base}")
+                time.sleep(0.1)
+        yield folder, base
     finally:
-        server.shutdown()
-        thread.join(10)
+        server.terminate()
+        try:
+            server.wait(5)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(5)
 
 
 def test_an_https_style_url_without_etag_is_fingerprinted_by_its_bytes(tmp_path, http_folder):
@@ -203,10 +228,26 @@ def test_an_https_style_url_without_etag_is_fingerprinted_by_its_bytes(tmp_path,
         texts_of(source, tmp_path / "out2", source_fp=fp)
 
 
+def test_a_glob_over_http_reads_the_links_of_the_directory_page(tmp_path, http_folder):
+    """fsspec's HTTP filesystem globs by the links of a directory's HTML page (what `python -m
+    http.server`, nginx autoindex and similar serve); the objects are fetched ahead in parallel."""
+    folder, base = http_folder
+    plain = shards(tmp_path)
+    (folder / "shards").mkdir()
+    for f in plain:
+        (folder / "shards" / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+    source = src(f"{base}/shards/*.jsonl.gz")
+    assert [str(o) for o in source_files(source)] == [f"{base}/shards/s{i}.jsonl.gz" for i in range(3)]
+    # no ETag and no size in the listing: each object's bytes, as the same files on disk
+    assert source_fingerprint(source) == source_fingerprint(src(folder / "shards" / "*.jsonl.gz"))
+    assert texts_of(source, tmp_path / "out") == texts_of(src(tmp_path / "plain" / "*.jsonl"), tmp_path / "local")
+
+
 def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_bucket):
     """Reading the rows of a 48 MB object holds a few read-ahead blocks, not the object (tracemalloc's peak)."""
     import tracemalloc
 
+    from moai.stages.convert.read_ahead import ReadAhead
     from moai.stages.convert.readers import Rows, file_rows
 
     line = json.dumps({"text": "x" * 1000}).encode() + b"\n"
@@ -224,27 +265,105 @@ def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_buc
             tracemalloc.stop()
         assert count == 48_000 and read[0].size == obj.size
         assert peak < 24e6, f"{name}: peak {peak / 1e6:.0f} MB while reading 48 MB of text"
+    # two such objects fetched at once: a few chunks of each in flight, not the objects
+    s3_server.fs().copy(f"{s3_bucket}/big/b.jsonl", f"{s3_bucket}/big/b2.jsonl")
+    source = src(f"s3://{s3_bucket}/big/b*.jsonl", s3_server)
+    objs, rows, read = source_files(source), Rows(source), []
+    tracemalloc.start()
+    try:
+        with ReadAhead(objs, 2) as ahead:
+            count = sum(1 for i, obj in enumerate(objs) for _ in file_rows(obj, source, rows, read, ahead.stream(i)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 2 * 48_000 and [r.size for r in read] == [o.size for o in objs]
+    assert peak < 2 * 3 * 4.2e6 + 16e6, f"peak {peak / 1e6:.0f} MB while fetching 2 objects of 48 MB at once"
 
 
 def test_a_server_lost_mid_read_is_named_as_such_not_as_a_corrupt_file(tmp_path, s3_server, s3_bucket):
+    """Read by the parser's thread and fetched ahead by a thread of its own, alike."""
     import os
 
+    from moai.stages.convert.read_ahead import ReadAhead
     from moai.stages.convert.readers import Rows, file_rows
 
-    rows = [{"text": os.urandom(3000).hex()} for _ in range(4000)]  # ~24 MB that zstd cannot shrink much
+    rows = [{"text": os.urandom(3000).hex()} for _ in range(6000)]  # ~36 MB that zstd shrinks to ~19 MB
     data = zstandard.ZstdCompressor().compress("".join(json.dumps(r) + "\n" for r in rows).encode())
-    assert len(data) > 2 * (1 << 22)  # several 4 MiB requests
+    assert len(data) > 4 * (1 << 22)  # more 4 MiB requests than the read-ahead holds
     s3_server.fs().pipe(f"{s3_bucket}/lost/a.jsonl.zst", data)
     source = src(f"s3://{s3_bucket}/lost/a.jsonl.zst", s3_server)
-    (obj,) = source_files(source)
-    reading = file_rows(obj, source, Rows(source), [])
-    next(reading)
-    s3_server.kill()
-    try:
-        with pytest.raises(
-            MoaiError, match=rf"cannot read s3://{s3_bucket}/lost/a\.jsonl\.zst: cannot reach the endpoint"
-        ):
-            for _ in reading:
-                pass
-    finally:
-        s3_server.start()
+    objs = source_files(source)
+    with ReadAhead(objs, 2) as ahead:
+        readings = [
+            file_rows(objs[0], source, Rows(source), []),
+            file_rows(objs[0], source, Rows(source), [], ahead.stream(0)),
+        ]
+        for reading in readings:
+            next(reading)
+        s3_server.kill()
+        try:
+            for reading in readings:
+                started = time.monotonic()
+                with pytest.raises(
+                    MoaiError, match=rf"cannot read s3://{s3_bucket}/lost/a\.jsonl\.zst: cannot reach the endpoint"
+                ):
+                    for _ in reading:
+                        pass
+                assert time.monotonic() - started < 15
+        finally:
+            s3_server.start()
+
+
+def test_objects_fetched_in_parallel_give_the_sequential_output_byte_for_byte(tmp_path, s3_server, s3_bucket):
+    """Objects of every codec and of varied sizes, read one after another and 4 at a time: the same
+    files (text, origins, state), bytes for bytes; the read-ahead really has several in flight."""
+    from moai.stages.convert.read_ahead import ReadAhead
+
+    texts = make_texts(1500, seed=21)
+    fs = s3_server.fs()
+    start = 0
+    for i in range(10):
+        n = 20 + 37 * (i % 4)  # rows per object: 20 to 131
+        data = "".join(json.dumps({"text": t}) + "\n" for t in texts[start : start + n]).encode()
+        start += n
+        suffix = ("", ".zst", ".gz")[i % 3]
+        if suffix == ".zst":
+            data = zstandard.ZstdCompressor().compress(data)
+        elif suffix == ".gz":
+            data = gzip.compress(data)
+        fs.pipe(f"{s3_bucket}/par/part-{i:02d}.jsonl{suffix}", data)
+    url = f"s3://{s3_bucket}/par/part-*"
+    outputs = []
+    for n in (1, 4):
+        source = src(url, s3_server, num_parallel_reads=n)
+        out = tmp_path / f"out{n}"
+        assert texts_of(source, out) == texts[:start]
+        outputs.append({p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()})
+    assert outputs[0] == outputs[1] and len(outputs[0]) >= 3
+    objs = source_files(src(url, s3_server))
+    with ReadAhead(objs, 4) as ahead:
+        ahead.stream(0)
+        assert ahead.in_flight == 4
+        ahead.stream(5)
+        assert ahead.in_flight == 4
+    assert ahead.in_flight == 0
+
+
+def test_an_object_gone_before_its_read_is_one_line_fetched_ahead_or_not(tmp_path, s3_server, s3_bucket):
+    from moai.stages.convert.read_ahead import ReadAhead
+    from moai.stages.convert.readers import Rows, file_rows
+
+    fs = s3_server.fs()
+    for name in ("a", "b", "c"):
+        fs.pipe(f"{s3_bucket}/gone/{name}.jsonl", json.dumps({"text": name}).encode() + b"\n")
+    source = src(f"s3://{s3_bucket}/gone/*.jsonl", s3_server)
+    objs = source_files(source)
+    fs.rm(f"{s3_bucket}/gone/b.jsonl")  # listed, then gone before it is read
+    for n in (1, 3):
+        rows, texts = Rows(source), []
+        with ReadAhead(objs, n) as ahead:
+            with pytest.raises(MoaiError, match=rf"^cannot read s3://{s3_bucket}/gone/b\.jsonl: no such object"):
+                for i, obj in enumerate(objs):
+                    texts += [row["text"] for _, row in file_rows(obj, source, rows, [], ahead.stream(i))]
+            assert ahead.in_flight == (0 if n == 1 else 2)  # b and c: c fetched, not read
+        assert texts == ["a"]

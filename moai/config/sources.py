@@ -24,6 +24,9 @@ class SourceConfig(_Model):
         description="For a URL path: the filesystem's options (endpoint_url, anon, profile, region_name); "
         "credentials come from the environment, never from here.",
     )
+    num_parallel_reads: int = Field(
+        4, ge=1, description="For a URL path: objects fetched at once while one is parsed (1: one after another)."
+    )
     hub: str | None = Field(None, description="A Hugging Face hub dataset name, e.g. 'nvidia/OpenCodeGeneticInstruct'.")
     split: str = "train"
     subset: str | None = None

@@ -15,7 +15,7 @@ from moai import preflight
 from moai.config import parse_config
 from moai.errors import DataError
 from moai.formats.text import open_text
-from moai.stages.convert import convert, source_files, source_fingerprint
+from moai.stages.convert import convert, readers, source_files, source_fingerprint
 from moai.stages.convert.compressed import sniff, text_bytes
 from moai.stages.convert.fingerprint import digest_file, files_fingerprint
 
@@ -38,6 +38,15 @@ def run(source, out):
     out.mkdir()
     report = convert(source, out, source_fp=source_fingerprint(source), writer_batch_size=2, max_shard_size="1MB")
     return report, open_text(out)["text"]
+
+
+@pytest.fixture(params=["parser", "thread"])
+def decompressed_by(request, monkeypatch):
+    """zstd and gzip files of 1 MiB and more are decompressed by a thread beside the parser: every
+    file here is, in the "thread" case."""
+    if request.param == "thread":
+        monkeypatch.setattr(readers, "AHEAD_MIN_BYTES", 0)
+    return request.param
 
 
 def plain_file(folder, kind):
@@ -63,7 +72,7 @@ def plain_file(folder, kind):
 
 @pytest.mark.parametrize("suffix", list(COMPRESS))
 @pytest.mark.parametrize("kind", ["jsonl", "json", "csv", "txt"])
-def test_every_format_and_codec_gives_the_plain_files_documents(tmp_path, kind, suffix):
+def test_every_format_and_codec_gives_the_plain_files_documents(tmp_path, kind, suffix, decompressed_by):
     plain = plain_file(tmp_path / "plain", kind)
     packed = tmp_path / "packed" / (plain.name + suffix)
     packed.parent.mkdir()
@@ -89,7 +98,7 @@ def test_a_compressed_file_under_a_plain_name_is_read_by_its_magic_number(tmp_pa
     assert texts == plain_texts
 
 
-def test_several_frames_and_members_are_one_stream(tmp_path):
+def test_several_frames_and_members_are_one_stream(tmp_path, decompressed_by):
     rows = [{"text": f"doc {i}"} for i in range(6)]
     halves = [("".join(json.dumps(r) + "\n" for r in part)).encode() for part in (rows[:3], rows[3:])]
     zst = tmp_path / "frames.jsonl.zst"
@@ -114,13 +123,40 @@ def test_a_name_that_promises_another_codec_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", list(COMPRESS))
-def test_a_truncated_file_names_the_codec_and_the_check(tmp_path, suffix):
+def test_a_truncated_file_names_the_codec_and_the_check(tmp_path, suffix, decompressed_by):
     data = "".join(json.dumps({"text": f"document number {i} " * 20}) + "\n" for i in range(2000)).encode()
     whole = COMPRESS[suffix](data)
     cut = tmp_path / f"cut.jsonl{suffix}"
     cut.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(DataError, match=r"cut\.jsonl\.\w+: cannot decompress its \w+ data .* truncated or corrupt; "):
         run(src(cut), tmp_path / "out")
+
+
+@pytest.mark.parametrize("suffix", [".zst", ".gz"])
+def test_a_large_shard_is_decompressed_beside_the_parser_and_a_bad_row_stops_that_thread(tmp_path, suffix):
+    import os
+    import threading
+
+    # 16 MB of text, ~9 MB compressed: more than the thread's three 4 MiB buffers hold, so it is
+    # still at work (waiting for a buffer) when the parser stops at the bad row
+    lines = [json.dumps({"text": os.urandom(600).hex()}) for _ in range(13_000)]
+    lines[12_000] = "{not json"
+    path = tmp_path / f"big.jsonl{suffix}"
+    path.write_bytes(COMPRESS[suffix]("\n".join(lines).encode()))
+    assert path.stat().st_size >= readers.AHEAD_MIN_BYTES
+    source = src(path)
+    (file,) = source_files(source)
+    rows = readers.file_rows(file, source, readers.Rows(source), [])
+    assert json.loads(lines[0]) == next(rows)[1]
+
+    def decompressing():
+        return [t for t in threading.enumerate() if t.name == "moai-decompress"]
+
+    assert len(decompressing()) == 1
+    with pytest.raises(DataError, match=rf"big\.jsonl\{suffix}:12001: malformed JSON"):
+        for _ in rows:
+            pass
+    assert decompressing() == []  # stopped and joined before the file was closed
 
 
 def test_a_file_changed_after_its_fingerprint_is_refused(tmp_path):

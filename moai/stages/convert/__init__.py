@@ -33,7 +33,9 @@ they are not the fingerprinted bytes: a file written during a run is never cache
 that describes other bytes. Hub datasets keep the `datasets` fingerprint.
 
 The package: `readers` (the rows of each format, bad-row routing), `fingerprint` (hashing what
-is read, refusing what changed); this module is the stage: text from rows, and `convert`.
+is read, refusing what changed), `compressed` (codecs, decompression beside the parser),
+`read_ahead` (remote objects fetched N at a time, `source.num_parallel_reads`), `chunks` (the
+stream both hand their chunks through); this module is the stage: text from rows, and `convert`.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from moai.stages.convert.fingerprint import (
     object_entry,
     remember,
 )
+from moai.stages.convert.read_ahead import ReadAhead
 from moai.stages.convert.readers import FORMATS, Rows, file_rows, format_of, hub_rows, load_hub, source_files
 
 __all__ = ["FORMATS", "NAME", "READS", "VERSION", "build", "convert", "settings", "source_files", "source_fingerprint"]
@@ -83,8 +86,8 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
     # text sources leave the chat settings out, so their keys stay as they were before chat data; the
     # chat template is tokenize's (its text is in tokenize's key), so changing it re-runs tokenize only
     chat = {"format", "messages_field"} if config.source.format == "text" else set()
-    # storage_options say how to reach the files, not what they hold (the fingerprint says that)
-    exclude = {"path", "hub", "split", "subset", "chat_template", "storage_options", *chat}
+    # storage_options and num_parallel_reads say how to reach the files, not what they hold (the fingerprint says that)
+    exclude = {"path", "hub", "split", "subset", "chat_template", "storage_options", "num_parallel_reads", *chat}
     return config.source.model_dump(exclude=exclude)
 
 
@@ -278,13 +281,17 @@ def convert(
     rows = Rows(source)
     read: list[FileRead] = []
     located: Iterator[tuple[int, str, dict[str, Any]]]
+    paths = [] if source.hub is not None else source_files(source)
+    # the next remote objects' bytes fetched while one is parsed; parsed in order all the same
+    ahead = ReadAhead(paths, source.num_parallel_reads)
     if source.hub is not None:
         located = ((0, *item) for item in hub_rows(source, rows, writer_batch_size))
         files = [source.hub]
     else:
-        paths = source_files(source)
         files = [str(p) for p in paths]
-        located = ((i, *item) for i, p in enumerate(paths) for item in file_rows(p, source, rows, read))
+        located = (
+            (i, *item) for i, p in enumerate(paths) for item in file_rows(p, source, rows, read, ahead.stream(i))
+        )
     wheres: list[str | None] = [None] * len(files)
 
     def batches() -> Iterator[pa.RecordBatch]:
@@ -309,7 +316,8 @@ def convert(
         if buf:
             yield text_batch(buf, origins)
 
-    rows_out = write_text_dataset(batches(), out_dir, max_shard_size)
+    with ahead:
+        rows_out = write_text_dataset(batches(), out_dir, max_shard_size)
     (out_dir / ORIGIN_FILES).write_text(json.dumps({"files": files, "where": wheres}))
     if rows_out == 0:  # raised inside the build: the store publishes nothing
         raise DataError(_no_documents(source, rows, read))

@@ -20,12 +20,15 @@ from __future__ import annotations
 import bz2
 import io
 import lzma
+import queue
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
 
 from moai.errors import DataError
 from moai.remote import RemoteObject
+from moai.stages.convert.chunks import QueuedChunks
 
 SourceFile = Path | RemoteObject  # a local file, or an object a URL names (str() is its URL)
 
@@ -104,9 +107,6 @@ def read_head(path: Path) -> bytes:
 def decompressing(raw: Any, codec: str) -> io.RawIOBase:
     """A file object of `raw`'s decompressed bytes; reading it reads `raw` front to back, in chunks.
     The caller closes `raw` (the decompressor leaves it open)."""
-    # Decompression is not moved to a thread of its own: on the shared 2-core machine this was
-    # measured on (load ~5), a read-ahead thread made convert of a 42 MB .jsonl.zst slower, 0.73x
-    # the plain file's speed against 0.81x without it (benchmarks/compressed.py's corpus, best of 7).
     if codec == "zstd":
         return _ZstdStream(raw)
     if codec == "gzip":
@@ -117,6 +117,11 @@ def decompressing(raw: Any, codec: str) -> io.RawIOBase:
         return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
     assert codec == "xz", codec
     return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
+
+
+# compressed bytes the zstd reader takes at once: each take runs Python (the frame walker, the
+# hashing reader), which a decompressing thread must wait for the GIL to do; 128 KiB by default
+_ZSTD_READ_BYTES = 1 << 22
 
 
 class _ZstdStream(io.RawIOBase):
@@ -137,6 +142,7 @@ class _ZstdStream(io.RawIOBase):
         walked = _Walked(raw, self._frames)
         self._reader = zstandard.ZstdDecompressor().stream_reader(
             walked,  # type: ignore[arg-type]
+            read_size=_ZSTD_READ_BYTES,
             read_across_frames=True,
             closefd=False,
         )
@@ -227,6 +233,65 @@ class _ZstdFrames:
             if last:
                 self._skip += 4 if self._checksum else 0
                 self._state, self._want = "magic", 4
+
+
+AHEAD_MIN_BYTES = 1 << 20  # a smaller file is decompressed by the parser: a thread costs more than it saves
+AHEAD_CHUNK_BYTES = 1 << 22
+
+
+class DecompressedAhead(QueuedChunks):
+    """The decompressed bytes of `stream`, made by a thread of its own while the parser parses.
+
+    zstd and gzip decompressors release the GIL while they work, so decompression runs on another
+    core beside the parser instead of adding to its time. Three buffers of `AHEAD_CHUNK_BYTES` go
+    round (one being filled, one ready, one being parsed): nothing is allocated per chunk, and the
+    thread takes the GIL a few times per chunk only (each time it may wait the interpreter's 5 ms
+    switch interval for it: smaller chunks or small reads of the compressed bytes starve it).
+    An error of the thread's (a corrupt file, a lost connection) is raised by the read that reaches
+    it. `close()` stops the thread and waits for its chunk in progress, before the caller closes
+    `stream`.
+    """
+
+    def __init__(self, stream: Any, buffers: int = 3):
+        super().__init__()
+        self._free: queue.SimpleQueue[bytearray | None] = queue.SimpleQueue()
+        self._ready: queue.SimpleQueue[tuple[bytearray, int] | BaseException] = queue.SimpleQueue()
+        for _ in range(buffers):
+            self._free.put(bytearray(AHEAD_CHUNK_BYTES))
+        self._stop = threading.Event()
+        self._held: bytearray | None = None  # the buffer being parsed, back to the thread once read
+        self._thread = threading.Thread(target=self._run, args=(stream,), name="moai-decompress", daemon=True)
+        self._thread.start()
+
+    def _run(self, stream: Any) -> None:
+        try:
+            while (buf := self._free.get()) is not None and not self._stop.is_set():
+                view, got = memoryview(buf), 0
+                while got < len(buf) and (n := stream.readinto(view[got:])):
+                    got += n
+                self._ready.put((buf, got))
+                if not got:
+                    return
+        except BaseException as err:
+            self._ready.put(err)
+
+    def _next_chunk(self) -> memoryview:
+        if self._held is not None:
+            self._free.put(self._held)
+            self._held = None
+        item = self._ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        self._held, n = item
+        return memoryview(self._held)[:n]
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stop.set()
+            self._free.put(None)
+            self._thread.join()
+            self._held = None
+        super().close()
 
 
 def decompress_errors() -> tuple[type[BaseException], ...]:

@@ -94,8 +94,10 @@ class HashingReader(io.RawIOBase):
     """A file read once front to back, hashing its bytes as they pass: the digest is of exactly
     the bytes convert parsed, whatever happens to the file meanwhile."""
 
-    def __init__(self, path: Path | RemoteObject):
+    def __init__(self, path: Path | RemoteObject, fetched: io.RawIOBase | None = None):
+        """`fetched`: the remote object's bytes as a read-ahead thread fetches them (`read_ahead`)."""
         super().__init__()
+        self._file: Any
         if isinstance(path, Path):
             self._file = open(path, "rb", buffering=0)  # noqa: SIM115 (the reader owns it: closed by close())
             self.digest = Digest()
@@ -103,7 +105,7 @@ class HashingReader(io.RawIOBase):
         else:
             self._url = path.url
             try:
-                self._file = path.open("rb")
+                self._file = path.open("rb") if fetched is None else fetched
             except Exception as err:
                 raise explain(path.url, err) from None
             self.digest = Digest(md5=path.md5() is not None)

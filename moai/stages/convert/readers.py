@@ -24,8 +24,10 @@ from moai.config import SourceConfig, template_fields
 from moai.errors import DataError
 from moai.remote import is_url, list_objects
 from moai.stages.convert.compressed import (
+    AHEAD_MIN_BYTES,
     CODECS,
     HEAD_BYTES,
+    DecompressedAhead,
     SourceFile,
     codec_of,
     codec_of_name,
@@ -309,25 +311,35 @@ def _txt_rows(f: BinaryIO, path: SourceFile, source: SourceConfig, rows: Rows) -
 
 
 def file_rows(
-    path: SourceFile, source: SourceConfig, rows: Rows, read: list[FileRead]
+    path: SourceFile,
+    source: SourceConfig,
+    rows: Rows,
+    read: list[FileRead],
+    fetched: io.RawIOBase | None = None,
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The rows of one file; once they are all out, what was read of it is appended to `read`."""
+    """The rows of one file; once they are all out, what was read of it is appended to `read`.
+    `fetched`: a remote object's bytes as a read-ahead thread fetches them (`read_ahead`)."""
     kind = format_of(path)
     if kind == "parquet":
         yield from _parquet_rows(path, source, rows, read)
         return
     with contextlib.ExitStack() as stack:
-        raw = stack.enter_context(HashingReader(path))
+        raw = stack.enter_context(HashingReader(path, fetched))
         # peekable compressed bytes: the magic number is looked at without a second read of the file
         stored = stack.enter_context(io.BufferedReader(raw, CHUNK_BYTES))
         codec = codec_of(path, stored.peek(HEAD_BYTES)[:HEAD_BYTES])
         if codec is not None and codec_of_name(path) is None:
             log.info("%s: its bytes are %s-compressed: reading it decompressed", path, codec)
-        f = (
-            stored
-            if codec is None
-            else stack.enter_context(io.BufferedReader(decompressing(stored, codec), CHUNK_BYTES))
-        )
+        f: io.BufferedReader[Any] = stored
+        if codec is not None:
+            decompressed = stack.enter_context(decompressing(stored, codec))
+            if codec in ("zstd", "gzip") and _size(path) >= AHEAD_MIN_BYTES:
+                # on another core while this one parses; the buffer is small: the thread's chunks hold the rest
+                f = stack.enter_context(
+                    io.BufferedReader(stack.enter_context(DecompressedAhead(decompressed)), 1 << 20)
+                )
+            else:
+                f = stack.enter_context(io.BufferedReader(decompressed, CHUNK_BYTES))
         try:
             yield from _stream_rows(f, kind, path, source, rows)
         except decompress_errors() as err:
@@ -340,6 +352,10 @@ def file_rows(
         while stored.read(CHUNK_BYTES):
             pass
         read.append(raw.digest.of(path) if isinstance(path, Path) else object_read(path, raw.digest))
+
+
+def _size(path: SourceFile) -> int:
+    return path.stat().st_size if isinstance(path, Path) else path.size
 
 
 def _stream_rows(
