@@ -4,8 +4,9 @@
         --text-template $'{instruction}\\n{input}\\n{output}' --tokenizer bench/tok-tekken --rounds 2
 
 Each contender runs in a fresh process, one after the other (interleaved over `--rounds`, so other
-load on a shared machine falls on all of them alike); peak RSS is the largest process's
-(`getrusage(RUSAGE_CHILDREN).ru_maxrss`):
+load on a shared machine falls on all of them alike); peak RSS is the contender process's own
+`ru_maxrss` (moai: its prepare process's, to the end of tokenize; Megatron's scripts: their largest
+process; datatrove and the seeds' way: their main process, workers not counted):
 
 - moai: `moai prepare` with an empty cache (convert, filter, save, tokenizer, tokenize, pack):
   wall time end to end (JSONL MB/s) and the tokenize stage's own seconds (engine check + encoding
@@ -29,8 +30,8 @@ load on a shared machine falls on all of them alike); peak RSS is the largest pr
   PYTHONPATH, as an editable install of it would put it) on that JSONL, `--append-eod`, the
   HuggingFaceTokenizer of `--tokenizer`. Their wall time includes their start (torch's import); the
   fast script's own "Elapsed time" is kept too. After the round their .bin/.idx are compared with
-  transformers' ids (no special tokens, then EOS: what their `--append-eod` means) document by
-  document, outside the timing.
+  transformers' ids document by document, outside the timing: `tokenizer(text)` + EOS, and the ids
+  without special tokens + EOS (`--append-eod`).
 
 The JSONL of the texts moai saved, one "text" field a line, is written once before the round
 (not timed). Besides the largest process's peak RSS, the whole process tree's RSS is sampled
