@@ -4,8 +4,9 @@
         --text-template $'{instruction}\\n{input}\\n{output}' --tokenizer bench/tok-tekken --rounds 2
 
 Each contender runs in a fresh process, one after the other (interleaved over `--rounds`, so other
-load on a shared machine falls on all of them alike); peak RSS is the largest process's
-(`getrusage(RUSAGE_CHILDREN).ru_maxrss`):
+load on a shared machine falls on all of them alike); peak RSS is the contender process's own
+`ru_maxrss` (moai: its prepare process's, to the end of tokenize; Megatron's scripts: their largest
+process; datatrove and the seeds' way: their main process, workers not counted):
 
 - moai: `moai prepare` with an empty cache (convert, filter, save, tokenizer, tokenize, pack):
   wall time end to end (JSONL MB/s) and the tokenize stage's own seconds (engine check + encoding
@@ -20,7 +21,21 @@ load on a shared machine falls on all of them alike); peak RSS is the largest pr
 - with `--encode-files`: gigatoken `encode_files` over a JSONL of the same texts in a "text"
   field (the call Megatron-LM's `tools/preprocess_data_fast.py` makes: JSON parsing in Rust, no
   BOS, nothing checked; MB/s of that JSONL);
-- with `--old-way`: `datasets.map` with the transformers tokenizer (`benchmarks/tokenize.py`).
+- with `--old-way`: the seeds' way, `datasets.load_dataset("json")` on that JSONL, then
+  `benchmarks/tokenize.py`'s old way (`.map` with the transformers tokenizer, num_proc = cores,
+  batch_size 10000, then `group_texts`), the datasets cache in a fresh folder;
+- with `--megatron-lm DIR`: Megatron-LM's own `tools/preprocess_data.py` (`--workers` = cores) and
+  `tools/preprocess_data_fast.py` (`--use-gigatoken`) from that checkout, run as subprocesses with
+  `--megatron-python` (a separate venv holding their dependencies; the checkout first on
+  PYTHONPATH, as an editable install of it would put it) on that JSONL, `--append-eod`, the
+  HuggingFaceTokenizer of `--tokenizer`. Their wall time includes their start (torch's import); the
+  fast script's own "Elapsed time" is kept too. After the round their .bin/.idx are compared with
+  transformers' ids document by document, outside the timing: `tokenizer(text)` + EOS, and the ids
+  without special tokens + EOS (`--append-eod`).
+
+The JSONL of the texts moai saved, one "text" field a line, is written once before the round
+(not timed). Besides the largest process's peak RSS, the whole process tree's RSS is sampled
+every 50 ms (the sum; worker processes share pages, so the sum overstates).
 
 "tokenize × fastest" is the tokenize stage's MB/s over the fastest raw engine's MB/s on the same
 texts (the issue's target: ≥ 0.8); "× moai" the contender's MB/s over moai's end to end.
@@ -44,6 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
+CORES = os.cpu_count() or 1
 RAW = ["fastokens", "gigatoken", "gigatoken-hf", "tiktoken", "tokenizers", "transformers"]
 
 
@@ -152,6 +168,110 @@ def run_encode_files(texts_jsonl: Path, tokenizer: Path) -> dict:
     return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": texts_jsonl.stat().st_size / 1e6}
 
 
+def bench_tokenize():
+    """benchmarks/tokenize.py, loaded by its path (its name is the standard library's too)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("moai_bench_tokenize", Path(__file__).with_name("tokenize.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_old_way(texts_jsonl: Path, tokenizer: Path, seq_len: int, work: Path) -> dict:
+    """The seeds' way: `datasets.load_dataset("json")`, then benchmarks/tokenize.py's `old_way`."""
+    import datasets
+
+    cache = work / "old-way-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    started = time.perf_counter()
+    ds = datasets.load_dataset("json", data_files=str(texts_jsonl), split="train", cache_dir=str(cache))
+    load_seconds = time.perf_counter() - started
+    r = bench_tokenize().old_way(ds, tokenizer, seq_len, CORES)
+    shutil.rmtree(cache, ignore_errors=True)
+    r["seconds"] += load_seconds
+    r["load_seconds"] = load_seconds
+    r["mb"] = texts_jsonl.stat().st_size / 1e6
+    return r
+
+
+MEGATRON_DTYPES = {1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 6: "<f8", 7: "<f4", 8: "<u2"}
+
+
+def read_megatron(prefix: str):
+    """A Megatron IndexedDataset's (.bin tokens, .idx document lengths), read with numpy."""
+    import struct
+
+    import numpy as np
+
+    idx = Path(prefix + ".idx").read_bytes()
+    assert idx[:9] == b"MMIDIDX\x00\x00", f"{prefix}.idx: not a Megatron index"
+    dtype = np.dtype(MEGATRON_DTYPES[idx[17]])
+    sequences, _documents = struct.unpack("<QQ", idx[18:34])
+    lengths = np.frombuffer(idx, dtype="<i4", count=sequences, offset=34)
+    return np.fromfile(prefix + ".bin", dtype=dtype), lengths
+
+
+def run_megatron(script: str, texts_jsonl: Path, tokenizer: Path, megatron_lm: Path, python: str, out: Path) -> dict:
+    """Megatron-LM's tools/<script> from its checkout, as a user runs it, on the texts' JSONL."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    # absolute paths: the scripts run in the checkout (a Partition process that cannot open its
+    # input leaves preprocess_data.py waiting forever)
+    cmd = [os.path.abspath(python), f"tools/{script}", "--input", str(texts_jsonl.resolve())]
+    cmd += ["--output-prefix", str(out.resolve() / "megatron")]
+    cmd += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tokenizer.resolve())]
+    cmd += ["--json-keys", "text", "--append-eod"]
+    cmd += ["--workers", str(CORES)] if script == "preprocess_data.py" else ["--use-gigatoken"]
+    env = {**os.environ, "PYTHONPATH": str(megatron_lm.resolve())}
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, cwd=megatron_lm, env=env, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{script}: no result in 30 minutes") from None
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{script}: " + (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1])
+    tokens, lengths = read_megatron(str(out / "megatron_text_document"))
+    r = {"seconds": seconds, "tokens": len(tokens), "documents": len(lengths), "mb": texts_jsonl.stat().st_size / 1e6}
+    for line in done.stdout.splitlines():  # the fast script's own figure (after its imports)
+        if line.startswith("Data preprocessing is finished. Elapsed time:"):
+            r["script_seconds"] = float(line.split(":")[1].split()[0])
+    r["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+    return r
+
+
+def check_megatron(prefix: str, texts: list[str], tokenizer: Path) -> str:
+    """Megatron's ids against transformers', document by document: `tokenizer(text)` (its template:
+    BOS where it adds one) then EOS, and without special tokens then EOS."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    tokens, lengths = read_megatron(prefix)
+    if len(lengths) != len(texts):
+        return f"{len(lengths):,} documents, transformers {len(texts):,}"
+    ends = lengths.cumsum()
+    template = plain = 0
+    first = ""
+    for i in range(0, len(texts), 10_000):
+        batch = texts[i : i + 10_000]
+        with_template = tok(batch)["input_ids"]
+        without = tok(batch, add_special_tokens=False)["input_ids"]
+        for j, (want_t, want_p) in enumerate(zip(with_template, without, strict=True), start=i):
+            got = tokens[ends[j] - lengths[j] : ends[j]].tolist()
+            template += got == [*want_t, tok.eos_token_id]
+            plain += got == [*want_p, tok.eos_token_id]
+            if not first and got not in ([*want_t, tok.eos_token_id], [*want_p, tok.eos_token_id]):
+                pairs = enumerate(zip(got, want_t, strict=False))
+                at = next((k for k, (x, y) in pairs if x != y), min(len(got), len(want_t)))
+                first = f"; first of neither: document {j}, token {at}"
+    return (
+        f"of {len(texts):,} documents, {template:,} equal transformers' tokenizer(text) + EOS, "
+        f"{plain:,} its ids without special tokens + EOS{first}"
+    )
+
+
 def run_moai(
     corpus: Path, tokenizer: Path, template: str | None, seq_len: int, work: Path, split: str | None = None
 ) -> dict:
@@ -190,12 +310,19 @@ def run_moai(
     }
 
 
-def measure(args: list[str]) -> dict:
-    """Run this script in a fresh process for one contender; its result (with its peak RSS)."""
-    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def measure(args: list[str], work: Path) -> dict:
+    """Run this script in a fresh process for one contender; its result (with its peak RSS), and
+    the peak of its whole process tree's RSS, sampled every 50 ms."""
+    with open(work / "contender.out", "w+") as out, open(work / "contender.err", "w+") as err:
+        proc = subprocess.Popen([sys.executable, __file__, *args], stdout=out, stderr=err)
+        tree_peak = bench_tokenize().tree_rss_peak(proc, 0.05)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            return {"error": (err.read().strip().splitlines() or ["?"])[-1][:300]}
+        r = json.loads(out.read().strip().splitlines()[-1])
+    r["tree_rss_mb"] = round(tree_peak / 2**20)
+    return r
 
 
 def saved_text(corpus: Path, tokenizer: Path, template: str | None, work: Path) -> Path:
@@ -222,6 +349,9 @@ def main() -> None:
     parser.add_argument("--quarter", action="store_true", help="moai on the first quarter of the lines too (RSS)")
     parser.add_argument("--encode-files", action="store_true", help="gigatoken encode_files on the JSONL")
     parser.add_argument("--datatrove", action="store_true", help="datatrove's DocumentTokenizer on the texts")
+    parser.add_argument("--old-way", action="store_true", help="the seeds' datasets.load_dataset + .map way")
+    parser.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout: run its preprocess scripts")
+    parser.add_argument("--megatron-python", default=sys.executable, help="the python that runs Megatron's scripts")
     parser.add_argument("--splits", nargs="*", default=[], help="moai again with tokenize PxT set, e.g. 2x1")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)  # internal: one contender in this process
@@ -236,6 +366,12 @@ def main() -> None:
             r = run_encode_files(Path(rest[0]), args.tokenizer)
         elif kind == "datatrove":
             r = run_datatrove(Path(rest[0]), args.tokenizer, Path(rest[1]))
+        elif kind == "old-way":
+            r = run_old_way(Path(rest[0]), args.tokenizer, args.seq_len, Path(rest[1]))
+        elif kind == "megatron":
+            assert args.megatron_lm is not None
+            script, jsonl, out = rest
+            r = run_megatron(script, Path(jsonl), args.tokenizer, args.megatron_lm, args.megatron_python, Path(out))
         else:
             r = run_raw(kind, Path(rest[0]), args.tokenizer)
         r.setdefault("peak_rss_mb", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
@@ -249,6 +385,13 @@ def main() -> None:
         base = ["--corpus", str(args.corpus), "--tokenizer", str(args.tokenizer), "--seq-len", str(args.seq_len)]
         if args.text_template:
             base += ["--text-template", args.text_template]
+        if args.megatron_lm:
+            base += ["--megatron-lm", str(args.megatron_lm), "--megatron-python", args.megatron_python]
+        texts_jsonl = work / "texts.jsonl"
+        if args.encode_files or args.old_way or args.megatron_lm:  # not timed
+            with open(texts_jsonl, "w") as f:
+                for t in _texts(saved):
+                    f.write(json.dumps({"text": t}) + "\n")
         quarter = None
         if args.quarter:
             quarter = work / "quarter.jsonl"
@@ -256,6 +399,7 @@ def main() -> None:
                 lines = src.readlines()
             quarter.write_bytes(b"".join(lines[: len(lines) // 4]))
             del lines
+        megatron = ["preprocess_data.py", "preprocess_data_fast.py"] if args.megatron_lm else []
         rows: dict[str, list[dict]] = {}
         for _ in range(args.rounds):
             contenders: list[tuple[str, list[str]]] = [("moai", [*base, "--run", "moai", str(work / "moai")])]
@@ -266,27 +410,34 @@ def main() -> None:
             contenders += [(f"moai {x}", [*base, "--run", "moai", str(work / "moai"), x]) for x in args.splits]
             contenders += [(k, [*base, "--run", k, str(saved)]) for k in args.raw]
             if args.encode_files:
-                texts_jsonl = work / "texts.jsonl"
-                if not texts_jsonl.exists():
-                    with open(texts_jsonl, "w") as f:
-                        for t in _texts(saved):
-                            f.write(json.dumps({"text": t}) + "\n")
                 contenders.append(("gigatoken encode_files", [*base, "--run", "encode-files", str(texts_jsonl)]))
             if args.datatrove:
                 contenders.append(("datatrove DocumentTokenizer", [*base, "--run", "datatrove", str(saved), str(work)]))
+            if args.old_way:
+                old_way = [*base, "--run", "old-way", str(texts_jsonl), str(work)]
+                contenders.append(("datasets.map (the seeds' way)", old_way))
+            for script in megatron:
+                out = str(work / f"megatron-{script}")
+                mg = [*base, "--run", "megatron", script, str(texts_jsonl), out]
+                contenders.append((f"Megatron-LM {script}", mg))
             for name, argv in contenders:
                 (work / "moai").mkdir(exist_ok=True)
                 (work / "moai-q").mkdir(exist_ok=True)
-                r = measure(argv)
+                r = measure(argv, work)
                 rows.setdefault(name, []).append(r)
                 print(f"{name}: {r}", file=sys.stderr, flush=True)
-        report(rows)
+        checks = {}
+        for script in megatron:  # the last round's outputs against transformers, not timed
+            prefix = work / f"megatron-{script}" / "megatron_text_document"
+            if prefix.with_suffix(".idx").exists():
+                checks[f"Megatron-LM {script}"] = check_megatron(str(prefix), _texts(saved), args.tokenizer)
+        report(rows, checks)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def report(rows: dict[str, list[dict]]) -> None:
+def report(rows: dict[str, list[dict]], checks: dict[str, str]) -> None:
     def best(name: str) -> dict | None:
         ok = [r for r in rows.get(name, []) if "error" not in r]
         return min(ok, key=lambda r: r["seconds"]) if ok else None
@@ -294,17 +445,24 @@ def report(rows: dict[str, list[dict]]) -> None:
     moai = best("moai")
     raw = {k: best(k) for k in RAW if best(k)}
     fastest = max(raw.values(), key=lambda r: r["mb"] / r["seconds"]) if raw else None
-    print("| contender | seconds (best) | tokens | MB/s | × moai end to end | peak RSS MB |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| contender | seconds (best) | tokens | tokens/s | MB/s | × moai end to end | peak RSS MB (largest; tree) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, runs in rows.items():
         r = best(name)
         if r is None:
-            print(f"| {name} | error: {runs[-1].get('error')} | | | | |")
+            print(f"| {name} | error: {runs[-1].get('error')} | | | | | |")
             continue
         mbps = r["mb"] / r["seconds"]
         x = f"{mbps / (moai['mb'] / moai['seconds']):.2f}" if moai else "–"
         secs = ", ".join(f"{x['seconds']:.2f}" for x in runs if "error" not in x)
-        print(f"| {name} | {r['seconds']:.2f} ({secs}) | {r['tokens']:,} | {mbps:.1f} | {x} | {r.get('peak_rss_mb')} |")
+        print(
+            f"| {name} | {r['seconds']:.2f} ({secs}) | {r['tokens']:,} | {r['tokens'] / r['seconds']:,.0f} | "
+            f"{mbps:.1f} | {x} | {r.get('peak_rss_mb')}; {r.get('tree_rss_mb')} |"
+        )
+    for name, check in checks.items():
+        r = best(name)
+        own = f" (the script's own time: {r['script_seconds']:.2f} s)" if r and "script_seconds" in r else ""
+        print(f"{name}: {check}{own}")
     if moai and fastest:
         text_mb = fastest["mb"]
         stage = text_mb / moai["tokenize_seconds"]

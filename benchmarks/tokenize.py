@@ -58,16 +58,12 @@ def run_ceiling(saved: Path, tokenizer: Path, **_) -> dict:
     return {"tokens": tokens, "seconds": time.perf_counter() - started, "documents": len(texts)}
 
 
-def run_old_way(saved: Path, tokenizer: Path, seq_len: int, work: Path, **_) -> dict:
-    import datasets
+def old_way(ds, tokenizer: Path, seq_len: int, num_proc: int | None) -> dict:
+    """The seeds' way over a `datasets.Dataset` with a "text" column: `.map` with a transformers
+    tokenizer, then the Hugging Face guide's `group_texts` packing (the tokenizer's load not timed)."""
     from transformers import AutoTokenizer
 
-    # A private copy, so that map's cache files land in the benchmark's folder, not in moai's store.
-    copy = work / "old-way-text"
-    shutil.copytree(saved / "train", copy)
-    ds = datasets.load_from_disk(str(copy))
     tok = AutoTokenizer.from_pretrained(str(tokenizer))
-    num_proc = os.cpu_count()
 
     def tokenize(batch):
         return tok(batch["text"], padding=False)
@@ -82,13 +78,29 @@ def run_old_way(saved: Path, tokenizer: Path, seq_len: int, work: Path, **_) -> 
     tokenized = ds.map(
         tokenize, batched=True, batch_size=10_000, writer_batch_size=50_000, num_proc=num_proc, remove_columns=["text"]
     )
+    map_seconds = time.perf_counter() - started
     packed = tokenized.map(group_texts, batched=True, batch_size=1000, writer_batch_size=50_000, num_proc=num_proc)
     seconds = time.perf_counter() - started
     # Counting tokens is not part of the old way's time.
     import pyarrow.compute as pc
 
     tokens = int(pc.sum(pc.list_value_length(tokenized.data.table.column("input_ids"))).as_py())
-    return {"tokens": tokens, "seconds": seconds, "documents": ds.num_rows, "samples": packed.num_rows}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "map_seconds": map_seconds,
+        "documents": ds.num_rows,
+        "samples": packed.num_rows,
+    }
+
+
+def run_old_way(saved: Path, tokenizer: Path, seq_len: int, work: Path, **_) -> dict:
+    import datasets
+
+    # A private copy, so that map's cache files land in the benchmark's folder, not in moai's store.
+    copy = work / "old-way-text"
+    shutil.copytree(saved / "train", copy)
+    return old_way(datasets.load_from_disk(str(copy)), tokenizer, seq_len, os.cpu_count())
 
 
 def run_moai(saved: Path, tokenizer: Path, seq_len: int, work: Path, engine: str, **_) -> dict:
@@ -133,9 +145,24 @@ def run_moai(saved: Path, tokenizer: Path, seq_len: int, work: Path, engine: str
     }
 
 
+def tree_rss_peak(proc: subprocess.Popen, interval: float) -> int:
+    """Wait for `proc`; the peak of the sum of its process tree's RSS (bytes), sampled so."""
+    import psutil
+
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            tree = [ps, *ps.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+        except psutil.Error:
+            pass
+        time.sleep(interval)
+    return peak
+
+
 def measure(kind: str, args: argparse.Namespace, saved: Path) -> dict:
     """Run one contender in a fresh process; sample the peak RSS of its whole process tree."""
-    import psutil
 
     work = Path(tempfile.mkdtemp(prefix=f"moai-bench-{kind}-", dir=args.work))
     out = work / "result.json"
@@ -158,15 +185,7 @@ def measure(kind: str, args: argparse.Namespace, saved: Path) -> dict:
         "-",
     ]
     proc = subprocess.Popen(cmd)
-    ps = psutil.Process(proc.pid)
-    peak = 0
-    while proc.poll() is None:
-        try:
-            tree = [ps, *ps.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
-        except psutil.Error:
-            pass
-        time.sleep(0.02)
+    peak = tree_rss_peak(proc, 0.02)
     if proc.returncode != 0:
         raise SystemExit(f"{kind} failed with exit code {proc.returncode}")
     result = json.loads(out.read_text())
