@@ -33,6 +33,9 @@ def test_a_cold_prepare_loads_transformers_only_in_the_reference_process(tmp_pat
     assert served == [result["stages"]["save"]["key"]], "the check asked for the sample made during save"
     manifest = json.loads((Path(result["token_store"]) / "_manifest.json").read_text())["report"]
     assert manifest["check_sampled_ahead"] is True and manifest["check_parts"]["transformers"] == 0
+    # the parts were encoded with fastokens while the check waited for transformers' ids, and kept
+    assert manifest["check_beside_encoding"] is True and manifest["encoded_twice"] is False
+    assert manifest["engine"] == "fastokens"
     assert not reference._running and not engines._prebuilt  # the process ended with the run
 
     # exact as ever: every stored document is transformers' ids + EOS
@@ -106,3 +109,34 @@ def test_the_sample_made_during_save_is_the_checks_own_sample(tmp_path, corpus, 
     assert texts == sample_texts(again) and len(texts) > 10
     want = load_tokenizer(str(tokenizer_dir))(texts)["input_ids"]
     assert engines.lists_of((ids, offsets)) == want
+
+
+@pytest.mark.slow
+def test_parts_encoded_beside_the_check_with_an_engine_it_passes_over_are_encoded_again(
+    tmp_path, corpus, tokenizer_dir, monkeypatch
+):
+    """fastokens (made to differ: the last id of every text is wrong) encodes the parts while the check
+    runs; the check passes it over for gigatoken, and every part is encoded again: each stored
+    document is transformers' ids + EOS, none of fastokens' wrong ones is kept."""
+    original = engines.FastokensEncoder.encode_flat
+
+    def off_by_one(self, texts, add_special_tokens=True):
+        ids, offsets = original(self, texts, add_special_tokens)
+        ids = ids.copy()
+        ids[offsets[1:] - 1] += 1
+        return ids, offsets
+
+    monkeypatch.setattr(engines.FastokensEncoder, "encode_flat", off_by_one)
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
+    result = prepare(cfg, progress=False)
+    manifest = json.loads((Path(result["token_store"]) / "_manifest.json").read_text())["report"]
+    assert manifest["check_beside_encoding"] is True and manifest["encoded_twice"] is True
+    assert manifest["engine"] == "gigatoken" and manifest["engines_tried"]["fastokens"].startswith("ids differ")
+    hf = load_tokenizer(str(tokenizer_dir))
+    store = TokenStore(result["token_store"])
+    saved = datasets.load_from_disk(str(tmp_path / "cache" / "save" / result["stages"]["save"]["key"]))
+    for split in ("train", "validation"):
+        texts = saved[split]["text"]
+        assert store.split(split).num_documents == len(texts)
+        for i, text in enumerate(texts):
+            assert store.split(split).document(i).tolist() == [*hf(text)["input_ids"], hf.eos_token_id]

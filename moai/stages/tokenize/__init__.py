@@ -174,6 +174,25 @@ def tokenize(
             pool = _start_pool(stack, *classic)
         checked = time.perf_counter()
         threads = (fast if engine_is_fast(engine) else classic)[1]
+        guess = _speculation(info, text_dir, engine, fast, prefetched, threads)
+        if guess is not None:
+            # The check waits for transformers' ids of its sample (made during save, perhaps not yet
+            # done): meanwhile the parts are encoded with the engine it keeps when that one is exact.
+            # Nothing is published before the check passes; if it keeps another, all is encoded again.
+            return _tokenize_speculatively(
+                info,
+                text_dir,
+                out_dir,
+                jobs,
+                engine,
+                threads,
+                reference,
+                prefetched,
+                guess,
+                progress,
+                on_progress,
+                entered,
+            )
         ahead = prefetched() if prefetched is not None else None  # waits for them: part of the check
         choice = choose_encoder(info, text_dir, engine, threads, reference, ahead)
         check_seconds = time.perf_counter() - checked
@@ -196,6 +215,38 @@ def tokenize(
             setup_file.write_bytes(pickle.dumps((choice.setup, threads_per_proc, warm_up, spawned_at)))
         started = time.perf_counter()
         results = _encode_all(jobs, pool, None if pool is None else str(setup_file), started, progress, on_progress)
+    return _finish(
+        info,
+        text_dir,
+        out_dir,
+        jobs,
+        results,
+        choice,
+        started,
+        check_seconds,
+        entered,
+        num_proc,
+        threads_per_proc,
+        ahead is not None,
+    )
+
+
+def _finish(
+    info,
+    text_dir,
+    out_dir,
+    jobs,
+    results,
+    choice,
+    started,
+    check_seconds,
+    entered,
+    num_proc,
+    threads_per_proc,
+    sampled_ahead,
+    **extra,
+) -> dict[str, Any]:
+    """Write the store's side files and tokens.json; the stage report."""
     seconds = time.perf_counter() - started
     dtype = token_dtype(info.vocab_size)
     write_origins(text_dir, out_dir, [(j.split, j.index, j.start, j.stop) for j in jobs])
@@ -217,11 +268,78 @@ def tokenize(
         "peak_worker_rss_mb": workers_mb if num_proc > 1 else None,
         "check_seconds": round(check_seconds, 3),
         "stage_seconds": round(time.perf_counter() - entered, 3),  # all of it: check, encoding, files
-        "check_sampled_ahead": ahead is not None,  # sample and transformers' ids made during save
+        "check_sampled_ahead": sampled_ahead,  # sample and transformers' ids made during save
         "check_parts": choice.seconds,
         "profile": process_profiles(results),
         "warnings": info.warnings,
+        **extra,
     }
+
+
+def _speculation(info, text_dir: Path, engine: str, fast: tuple[int, int], prefetched, threads: int):
+    """(set-up, encoder) of the engine to encode with while the check waits for transformers' ids, or
+    None: only when those ids are being made elsewhere (`prefetched`), the stage runs in this process,
+    fastokens is the engine `auto` tries first (or the one named) and was built ahead, and no document is
+    large enough to be cut into pieces (whether that is exact is the check's to say)."""
+    from moai.stages.tokenize import engine as engine_module, engines
+
+    if prefetched is None or fast[0] != 1 or engine not in ("auto", "fastokens"):
+        return None
+    if engines.ENGINES[0].name != "fastokens" or engine_module.has_large_documents(text_dir):
+        return None
+    try:
+        setup = engine_module.engine_setup("fastokens", info, threads)
+    except Exception:  # the check says why, as ever
+        return None
+    encoder = engines.take_prebuilt(setup)
+    return None if encoder is None else (setup, encoder)
+
+
+def _tokenize_speculatively(
+    info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, guess, progress, on_progress, entered
+) -> dict[str, Any]:
+    """Encode every part with the guessed engine while the check runs in a thread; keep the parts if
+    the check keeps that engine, else encode them all again with the one it chose."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    setup, encoder = guess
+    for split in SPLITS:
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
+
+    def check():
+        t0 = time.perf_counter()
+        ahead = prefetched()
+        choice = choose_encoder(info, text_dir, engine, threads, reference, ahead, built={setup.engine: encoder})
+        return choice, ahead is not None, time.perf_counter() - t0
+
+    with ThreadPoolExecutor(1, thread_name_prefix="moai-check") as ex:
+        checking = ex.submit(check)
+        init_encoder(setup, None, None, encoder=encoder)
+        started = time.perf_counter()
+        results = _encode_all(jobs, None, None, started, progress, on_progress)
+        choice, sampled_ahead, check_seconds = checking.result()  # its error: nothing is published
+    again = choice.engine != setup.engine
+    if again:
+        log.info("the check kept %s, not %s: encoding every part again with it", choice.engine, setup.engine)
+        init_encoder(choice.setup, None, choice.sample[:WARM_UP_DOCUMENTS], encoder=choice.encoder)
+        started = time.perf_counter()
+        results = _encode_all(jobs, None, None, started, progress, on_progress)
+    return _finish(
+        info,
+        text_dir,
+        out_dir,
+        jobs,
+        results,
+        choice,
+        started,
+        check_seconds,
+        entered,
+        1,
+        threads,
+        sampled_ahead,
+        check_beside_encoding=True,
+        encoded_twice=again,
+    )
 
 
 def engine_is_fast(engine: str) -> bool:

@@ -79,19 +79,20 @@ def _affixes(info: TokenizerInfo) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(prefix), tuple(suffix)
 
 
-def _setup(name: str, info: TokenizerInfo, threads: int) -> EncoderSetup:
+def engine_setup(name: str, info: TokenizerInfo, threads: int) -> EncoderSetup:
     """The set-up of engine `name` for this tokenizer (tiktoken: its spec, or `NotExpressible`)."""
     spec = spec_from_tokenizer_json(info.backend_json, info.split_special_tokens) if name == "tiktoken" else None
     affixes = _affixes(info) if name == "gigatoken" else ((), ())
     return EncoderSetup(info.backend_json, info.split_special_tokens, name, threads, False, spec, affixes)
 
 
-def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, want: engines.Flat):
-    """(set-up, encoder, None) when engine `name` gives `want` on the whole sample, else (None, None, why not)."""
+def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, want: engines.Flat, built: Any = None):
+    """(set-up, encoder, None) when engine `name` gives `want` on the whole sample, else (None, None, why not).
+    `built`: that engine's encoder, already built for this tokenizer (else it is built here)."""
     engine = engines.BY_NAME[name]
     try:
-        setup = _setup(name, info, threads)
-        encoder = engines.build(setup)
+        setup = engine_setup(name, info, threads)
+        encoder = built if built is not None else engines.build(setup)
     except ImportError as err:
         return None, None, f"not installed ({err}); {engine.install}"
     except NotExpressible as err:
@@ -113,7 +114,12 @@ def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, 
 
 
 def choose_engine(
-    requested: str, info: TokenizerInfo, sample: list[str], threads: int, want: list[list[int]] | engines.Flat
+    requested: str,
+    info: TokenizerInfo,
+    sample: list[str],
+    threads: int,
+    want: list[list[int]] | engines.Flat,
+    built: dict[str, engines.Encoder] | None = None,
 ) -> tuple[EncoderSetup, engines.Encoder, dict[str, str]]:
     """The first engine (in `engines.ENGINES` order, or the one named) whose ids equal `want`
     (transformers' ids of the sample) on every sampled document: its set-up, its encoder, and one
@@ -123,7 +129,7 @@ def choose_engine(
     target = want if isinstance(want, tuple) else engines.flat_of(want)
     tried: dict[str, str] = {}
     for name in names:
-        setup, encoder, why = try_engine(name, info, sample, threads, target)
+        setup, encoder, why = try_engine(name, info, sample, threads, target, (built or {}).get(name))
         if setup is not None and encoder is not None:
             tried[name] = why
             log.info("tokenize engine %s: %s", name, why)
@@ -306,6 +312,7 @@ def choose_encoder(
     threads: int,
     reference: Reference | None = None,
     prefetched: tuple[list[str], engines.Flat] | None = None,
+    built: dict[str, engines.Encoder] | None = None,
 ) -> EngineChoice:
     """Sample the corpus, choose the engine, check it against transformers, and the piece rule too
     when the corpus has a document large enough to be encoded in pieces (else the rule is never
@@ -321,7 +328,7 @@ def choose_encoder(
         t1 = time.perf_counter()
         want_flat = engines.flat_of((reference or transformers_reference(info))(sample))
     t2 = time.perf_counter()
-    setup, encoder, tried = choose_engine(requested, info, sample, threads, want_flat)
+    setup, encoder, tried = choose_engine(requested, info, sample, threads, want_flat, built)
     t3 = time.perf_counter()
     large = has_large_documents(text_dir)
     pieces_reason = check_pieces(encoder, sample, engines.lists_of(want_flat)) if large else None

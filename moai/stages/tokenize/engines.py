@@ -214,12 +214,17 @@ FAST = frozenset({"fastokens", "gigatoken"})  # run their own thread pools at hu
 
 
 def build(setup: EncoderSetup) -> Encoder:
+    prebuilt = take_prebuilt(setup)
+    return prebuilt if prebuilt is not None else BY_NAME[setup.engine].build(setup)
+
+
+def take_prebuilt(setup: EncoderSetup) -> Encoder | None:
+    """The encoder `prebuild` made for this set-up (waiting for it if it is being made), once; else None."""
     key = (setup.engine, setup.backend_json, setup.split_special_tokens)
     building = _building.get(key)
-    if building is not None:  # being built ahead (`prebuild`): wait for it rather than build it twice
+    if building is not None:  # being built ahead: wait for it rather than build it twice
         building.wait()
-    prebuilt = _prebuilt.pop(key, None)
-    return prebuilt if prebuilt is not None else BY_NAME[setup.engine].build(setup)
+    return _prebuilt.pop(key, None)
 
 
 # Encoders built ahead of the check (`prebuild`), by (engine, pipeline, split_special_tokens); taken once.
