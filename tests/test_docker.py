@@ -68,8 +68,14 @@ def test_compose_file_is_the_image_alone_on_the_host_network():
     assert "moai-cache:/app/.moai" in services["worker"]["volumes"]
     assert spec["volumes"]["moai-cache"]["name"] == "moai-cache"  # the volume `docker run -v` uses too
     assert "deploy" not in services["worker"]  # GPU reservations live in docs/deploy.md, untested
-    text = (ROOT / "docker" / "compose.yaml").read_text().lower()
-    assert not re.search(r"(password|secret|api_key)", text)
+    text = (ROOT / "docker" / "compose.yaml").read_text()
+    assert not re.search(r"(password|secret|api_key)", text.lower())
+    # the usage in the files' headers is what docs/deploy.md's tested commands say
+    for command in section_commands("Compose: a server and a worker"):
+        assert f"#   {command}\n" in text, command
+    prefect_yaml = (ROOT / "deployments" / "prefect.yaml").read_text()
+    for command in section_commands("A Docker work pool"):
+        assert f"#     {command.removesuffix(' &')}\n" in prefect_yaml, command
 
 
 # -- the image, built and run for real ------------------------------------------------------------
@@ -231,8 +237,10 @@ def section_commands(title: str) -> list[str]:
     return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
 
 
-def docker_env(root: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "DOCKER_HOST": f"unix://{root}/docker.sock", **extra}
+def docker_env(root: Path, base: dict[str, str], **extra: str) -> dict[str, str]:
+    """`base` with DOCKER_HOST naming the test's dockerd (what the docker CLI, compose and
+    prefect-docker's worker connect to), and `extra`."""
+    return {**base, "DOCKER_HOST": f"unix://{root}/docker.sock", **extra}
 
 
 @pytest.mark.slow
@@ -242,18 +250,19 @@ def test_docker_work_pool_runs_each_flow_run_in_a_container_and_reuses_the_cache
     then `prefect deployment run pretrain/docker --watch` twice. The first run completes with its
     artifacts; the second, in a new container, finds every stage on the `moai-cache` volume."""
     run, _, root = docker
-    create, deploy, worker, deployment_run = section_commands("A Docker work pool")
+    commands = section_commands("A Docker work pool")
+    assert all(c.startswith("prefect ") for c in commands), commands
+    create, deploy, worker, deployment_run = commands
     assert worker.endswith(" &")
     with started_server(tmp_path) as (env, api):
-        env = docker_env(root, **{k: v for k, v in env.items() if k not in os.environ or k.startswith("PREFECT")})
+        env = docker_env(root, env)
         prefect(env, *shlex.split(create)[1:])
         prefect(env, *shlex.split(deploy)[1:])
         with started_worker(env, shlex.split(worker[:-2])[1:], tmp_path / "worker.log", cwd=tmp_path):
             runs = []
             for _ in range(2):
-                out = subprocess.run(
-                    [PREFECT, *shlex.split(deployment_run)[1:]], env=env, cwd=ROOT, capture_output=True, text=True
-                )
+                argv = [PREFECT, *shlex.split(deployment_run)[1:]]
+                out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
                 assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:] + worker_log(tmp_path)
                 runs.append(run_id_of(out.stdout))
         first, second = runs
@@ -297,7 +306,7 @@ def test_compose_runs_a_server_and_a_worker_from_the_image_alone(docker, image, 
         )
     run, _, root = docker
     port = free_port()
-    env = docker_env(root, MOAI_PREFECT_PORT=str(port))
+    env = docker_env(root, dict(os.environ), MOAI_PREFECT_PORT=str(port))
     commands = section_commands("Compose: a server and a worker")
     assert all(c.startswith("docker-compose -f docker/compose.yaml ") for c in commands), commands
     up, deployment_run, down = commands
