@@ -176,6 +176,7 @@ def deploy(env: dict, api: str, out: Path) -> str:
     """`prefect deploy` of deployments/prefect.yaml with its cache_dir and output_dir under `out`
     (and the source as an absolute path), so a submitted run writes nothing into the checkout."""
     spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    spec["deployments"] = spec["deployments"][:1]  # pretrain/default (pretrain/docker needs a docker pool)
     params = spec["deployments"][0]["parameters"]["config"]
     params["cache_dir"] = str(out / "cache")
     params["source"]["path"] = str(ROOT / params["source"]["path"])

@@ -8,32 +8,36 @@ is stopped. Telemetry is off; nothing leaves the machine.
 """
 
 import json
-import os
 import re
-import signal
-import subprocess
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from conftest import PYTHON, ROOT, subprocess_env
+from conftest import ROOT
 from moai.config import parse_config
-from moai.launch import free_port
 from moai.presets import ASSETS, tiny
+from prefect_server import (
+    artifacts_of,
+    markdown_of,
+    post,
+    prefect,
+    run_id_of,
+    started_server,
+    started_worker,
+    task_states,
+    wait_for,
+)
 
-PREFECT = str(Path(PYTHON).parent / "prefect")
 DATA_STAGES = ["convert", "filter", "save", "tokenizer", "tokenize", "pack"]
 
 
 def test_shipped_deployment_parameters_are_the_tiny_preset():
     spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-    (dep,) = spec["deployments"]
-    assert dep["name"] == "default" and dep["entrypoint"] == "flows/pretrain.py:pretrain"
-    assert dep["work_pool"]["name"] == "moai"
-    shipped = parse_config(dep["parameters"]["config"])
+    default, docker = spec["deployments"]
+    assert default["name"] == "default" and default["entrypoint"] == "flows/pretrain.py:pretrain"
+    assert default["work_pool"]["name"] == "moai"
+    shipped = parse_config(default["parameters"]["config"])
     expected = tiny().model_copy(
         update={
             "source": tiny().source.model_copy(update={"path": "moai/assets/tiny.jsonl"}),
@@ -42,86 +46,26 @@ def test_shipped_deployment_parameters_are_the_tiny_preset():
     )
     assert shipped == expected
     assert (ROOT / shipped.source.path).resolve() == (ASSETS / "tiny.jsonl").resolve()
+    # the docker deployment: the same flow and parameters, in the image's /app (tests/test_docker.py runs it)
+    assert docker["name"] == "docker" and docker["entrypoint"] == default["entrypoint"]
+    assert docker["parameters"] == default["parameters"]
+    assert docker["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "/app"}}]
+    variables = docker["work_pool"]["job_variables"]
+    assert variables["network_mode"] == "host" and variables["image_pull_policy"] == "Never"
+    assert "moai-cache:/app/.moai" in variables["volumes"]
     text = (ROOT / "deployments" / "prefect.yaml").read_text().lower()
     assert not re.search(r"(api_key|password|secret|token:)", text)
 
 
-def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout=30) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=timeout)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.fixture
 def server(tmp_path):
-    port = free_port()
-    env = {
-        **subprocess_env(),
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "1",
-        "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "prefect-storage"),
-        "PREFECT_SERVER_API_HOST": "127.0.0.1",
-    }
-    with open(tmp_path / "server.log", "w") as log:
-        proc = subprocess.Popen(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        api = env["PREFECT_API_URL"]
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[
-                    -3000:
-                ]
-                time.sleep(0.5)
-            yield env, api
-        finally:
-            _stop(proc)
-
-
-def prefect(env, *args, cwd=ROOT, timeout=300) -> str:
-    out = subprocess.run([PREFECT, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    return out.stdout
-
-
-def post(api, path, body) -> list[dict]:
-    r = httpx.post(f"{api}{path}", json=body, timeout=30)
-    r.raise_for_status()
-    return r.json()
+    with started_server(tmp_path) as (env, api):
+        yield env, api
 
 
 def run_and_wait(env, api, params: dict) -> str:
     out = prefect(env, "deployment", "run", "pretrain/default", "--params", json.dumps(params))
-    return wait_for(api, re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1))
-
-
-def wait_for(api, run_id: str) -> str:
-    """Wait for the flow run to end; it must have completed."""
-    deadline = time.monotonic() + 420
-    while True:
-        state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30).json()["state"]
-        if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            break
-        assert time.monotonic() < deadline, f"flow run still {state['type']}"
-        time.sleep(1)
-    assert state["type"] == "COMPLETED", state
-    return run_id
+    return wait_for(api, run_id_of(out))
 
 
 @pytest.fixture
@@ -129,27 +73,12 @@ def worker(server, tmp_path):
     """The `moai` process pool, the shipped deployment, and a worker; yields the deployment."""
     env, api = server
     prefect(env, "work-pool", "create", "moai", "--type", "process")
-    prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
-    with open(tmp_path / "worker.log", "w") as worker_log:
-        proc = subprocess.Popen(
-            [PREFECT, "worker", "start", "--pool", "moai", "--limit", "1"],
-            env=env,
-            cwd=tmp_path,
-            stdout=worker_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            (dep,) = post(api, "/deployments/filter", {})
-            yield dep
-        finally:
-            _stop(proc)
+    prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--name", "default")
+    argv = ["worker", "start", "--pool", "moai", "--limit", "1"]
+    with started_worker(env, argv, tmp_path / "worker.log", cwd=tmp_path) as proc:
+        (dep,) = post(api, "/deployments/filter", {})
+        yield dep
     assert proc.returncode is not None
-
-
-def task_states(api, run_id: str) -> dict[str, str]:
-    runs = post(api, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run_id]}}})
-    return {r["name"].rsplit("-", 1)[0]: r["state"]["name"] for r in runs}
 
 
 @pytest.mark.slow
@@ -161,7 +90,7 @@ def test_deployment_run_on_a_real_server(server, worker, tmp_path):
     states = task_states(api, first)
     assert all(states.get(s) == "Completed" for s in [*DATA_STAGES, "train"]), states
 
-    artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [first]}}})
+    artifacts = artifacts_of(api, first)
     keys = {a["key"] for a in artifacts if a.get("key")}
     types = {a["type"] for a in artifacts}
     assert {"hardware-plan", "overview", "training", "train-progress", "tokenize-progress"} <= keys, keys
@@ -181,8 +110,7 @@ def test_deployment_run_on_a_real_server(server, worker, tmp_path):
     second = run_and_wait(env, api, {"config": config})
     states = task_states(api, second)
     assert all(states.get(s) == "Cached" for s in DATA_STAGES), states
-    artifacts = post(api, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [second]}}})
-    markdown = {a["key"]: a["data"] for a in artifacts if a["type"] == "markdown"}
+    markdown = markdown_of(api, second)
     assert markdown["overview"].startswith("# Data stages: 0 built, 6 reused")
     assert "not launched again" in markdown["training"]
 
