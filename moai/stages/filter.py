@@ -41,6 +41,10 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 
 
 def build(ctx, out: Path) -> dict[str, Any]:
+    from moai.stages.tokenize import reference
+
+    # transformers' process (if one runs) encodes what the tokenize check will likely sample, meanwhile
+    reference.candidates_ahead(ctx.path("convert"))
     return filter_text(
         ctx.config.filter,
         ctx.path("convert"),

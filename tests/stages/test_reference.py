@@ -16,6 +16,7 @@ from moai.formats.tokens import TokenStore
 from moai.pipeline import prepare
 from moai.stages import tokenizer as tokenizer_stage
 from moai.stages.tokenize import engines, reference
+from moai.stages.tokenize.engine import sample_rows, sample_texts
 from moai.stages.tokenizer import load_tokenizer
 
 
@@ -36,6 +37,9 @@ def test_a_cold_prepare_loads_transformers_only_in_the_reference_process(tmp_pat
     # the parts were encoded with fastokens while the check waited for transformers' ids, and kept
     assert manifest["check_beside_encoding"] is True and manifest["encoded_twice"] is False
     assert manifest["engine"] == "fastokens"
+    # and transformers had encoded every document of the sample while filter ran (it drops none here)
+    sample = sample_texts(tmp_path / "cache" / "save" / result["stages"]["save"]["key"])
+    assert manifest["check_sample_encoded_during_filter"] == len(sample) > 0
     assert not reference._running and not engines._prebuilt  # the process ended with the run
 
     # exact as ever: every stored document is transformers' ids + EOS
@@ -91,7 +95,7 @@ def test_the_sample_made_during_save_is_the_checks_own_sample(tmp_path, corpus, 
     """What the process samples from save's input before save writes is what `sample_texts` reads from
     save's output (train split, validation rows taken out), and its ids are transformers' own."""
     from moai.stages.save import save
-    from moai.stages.tokenize.engine import sample_texts, sample_texts_before_save
+    from moai.stages.tokenize.engine import sample_texts_before_save
 
     cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}, split={"val_fraction": 0.3}))
     result = prepare(cfg, progress=False)
@@ -140,3 +144,21 @@ def test_parts_encoded_beside_the_check_with_an_engine_it_passes_over_are_encode
         assert store.split(split).num_documents == len(texts)
         for i, text in enumerate(texts):
             assert store.split(split).document(i).tolist() == [*hf(text)["input_ids"], hf.eos_token_id]
+
+
+def test_the_sample_depends_on_the_rows_not_their_positions():
+    """Sampled by their origins' hash, rows dropped before sampling move few of the others in or out:
+    the documents encoded ahead (from convert's output) are nearly all the check's own."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(100, 3000, size=50_000)
+    origins = np.arange(50_000, dtype=np.int64) * 7 + 3
+    picked = sample_rows(sizes, origins)
+    assert 600 < len(picked) <= 2000 and np.all(np.diff(picked) > 0)
+    kept = np.sort(rng.choice(50_000, size=45_000, replace=False))  # 10% dropped by filter
+    again = kept[sample_rows(sizes[kept], origins[kept])]
+    candidates = sample_rows(sizes, origins, n=2500, max_bytes=int(2.5 * (2 << 20)))
+    assert np.isin(again, candidates).all()  # a quarter more candidates cover the dropped rows' places
+    # without origins, rows spread evenly by position, as before
+    assert (sample_rows(sizes, np.full(50_000, -1)) == np.unique(np.linspace(0, 49_999, len(picked)).astype(int))).all()

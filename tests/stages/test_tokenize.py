@@ -38,7 +38,7 @@ def tok(request, tokenizer_dir, bos_tokenizer_dir):
 def engine(request, tok):
     """The set-up of each engine for the tokenizer (every one of them can run these two)."""
     hf, info = tok
-    setup = engine_module._setup(request.param, info, 2)
+    setup = engine_module.engine_setup(request.param, info, 2)
     if request.param == "tiktoken":
         assert setup.spec is not None
         assert setup.spec.prefix == ((hf.bos_token_id,) if hf.bos_token_id is not None else ())
@@ -241,7 +241,7 @@ def test_tiktoken_hands_the_parts_arrays_with_the_same_ids(tok):
     assert [a.tolist() for a in arrays] == enc.encode_batch(texts, True)
     from moai.stages.tokenize.engine import state
 
-    tk.init_encoder(engine_module._setup("tiktoken", info, 1))
+    tk.init_encoder(engine_module.engine_setup("tiktoken", info, 1))
     try:
         ids, offsets = state["encoder"].encode_flat(texts, True)
         assert ids.dtype == np.uint32

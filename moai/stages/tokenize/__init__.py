@@ -467,7 +467,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
         return units.merge(ctx.store, ctx.key, info, ctx.path("save"), out, ctx.options["num_shards"] or None)
     p = ctx.plan
     ref = _reference(info)
-    return tokenize(
+    report = tokenize(
         info,
         ctx.path("save"),
         out,
@@ -481,6 +481,10 @@ def build(ctx, out: Path) -> dict[str, Any]:
         reference=None if ref is None else ref.ids,
         prefetched=None if ref is None else functools.partial(ref.prefetched, ctx.inputs["save"].key),
     )
+    if ref is not None and report["check_sampled_ahead"]:
+        # of the sample's documents, how many transformers had encoded while filter ran (the rest: during save)
+        report["check_sample_encoded_during_filter"] = ref.ready
+    return report
 
 
 def _reference(info: TokenizerInfo):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from moai.errors import TokenizerError
-from moai.formats.text import MappedTable, open_split_table, row_bytes, text_bytes
+from moai.formats.text import MappedTable, open_split_table, origins_of, row_bytes, text_bytes
 from moai.stages.tokenize import engines, pieces
 from moai.stages.tokenize.tiktoken import NotExpressible, TiktokenSpec, spec_from_tokenizer_json
 from moai.stages.tokenizer import TokenizerInfo, loaded_tokenizer
@@ -162,39 +162,72 @@ def check_pieces(encoder: engines.Encoder, sample: list[str], want: list[list[in
 
 
 def sample_rows(
-    sizes: np.ndarray, n: int = VERIFY_DOCUMENTS, max_bytes: int = VERIFY_BYTES, doc_bytes: int = VERIFY_DOCUMENT_BYTES
+    sizes: np.ndarray,
+    origins: np.ndarray | None = None,
+    n: int = VERIFY_DOCUMENTS,
+    max_bytes: int = VERIFY_BYTES,
+    doc_bytes: int = VERIFY_DOCUMENT_BYTES,
 ) -> np.ndarray:
-    """Which of the documents of text sizes `sizes` the check samples: up to n (about max_bytes of
-    text, each cut to doc_bytes), spread evenly over them."""
+    """Which of the documents of text sizes `sizes` the check samples, in row order: up to n (about
+    max_bytes of text, each cut to doc_bytes). With `origins` (each row's source file and row), the
+    n whose origins hash lowest: a spread over the corpus that depends on the rows themselves, not
+    on their positions, so it hardly moves when a stage before drops a few rows (the reference
+    process encodes a sample of the converted text while filter runs, `reference`). Without
+    origins (all unknown), n rows spread evenly by position."""
     if len(sizes) == 0:
         return np.empty(0, dtype=np.int64)
     sizes = np.minimum(sizes, doc_bytes)
     mean = max(1.0, float(sizes.mean()))
     n = max(1, min(n, len(sizes), int(max_bytes / mean)))
-    return np.unique(np.linspace(0, len(sizes) - 1, num=n).astype(np.int64))
+    if origins is None or not (origins >= 0).any():
+        return np.unique(np.linspace(0, len(sizes) - 1, num=n).astype(np.int64))
+    if n >= len(sizes):
+        return np.arange(len(sizes), dtype=np.int64)
+    keys = _mix64(origins)
+    return np.sort(np.argpartition(keys, n - 1)[:n]).astype(np.int64)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """A fixed pseudo-random uint64 per value (splitmix64's finalizer), vectorized."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
 
 
 def sample_texts(
     text_dir: Path, n: int = VERIFY_DOCUMENTS, max_bytes: int = VERIFY_BYTES, doc_bytes: int = VERIFY_DOCUMENT_BYTES
 ) -> list[str]:
-    """Up to n documents (about max_bytes of text, each cut to doc_bytes) spread over the train split."""
+    """Up to n documents (about max_bytes of text, each cut to doc_bytes) over the train split."""
     mapped = MappedTable(text_dir, "train")
-    rows = sample_rows(text_bytes(mapped.table), n, max_bytes, doc_bytes)
+    rows = sample_rows(text_bytes(mapped.table), origins_of(mapped.table), n, max_bytes, doc_bytes)
     return read_sample(mapped, rows, doc_bytes)
 
 
 def sample_texts_before_save(in_dir: Path, split: Any) -> list[str]:
     """`sample_texts` of the train split the save stage will write from `in_dir` with `split` (its
-    `SplitConfig`), read from `in_dir` before save has written it: save copies the text of every row
-    as it is and picks the validation rows by `save.validation_rows`, a function of the row count."""
+    `SplitConfig`), read from `in_dir` before save has written it: save copies the text and origin
+    of every row as they are and picks the validation rows by `save.validation_rows`, a function of
+    the row count."""
     from moai.stages.save import validation_rows
 
     mapped = MappedTable(in_dir)
-    sizes = text_bytes(mapped.table)
+    sizes, origins = text_bytes(mapped.table), origins_of(mapped.table)
     is_val = np.zeros(len(sizes), dtype=bool)
     is_val[validation_rows(len(sizes), split)] = True
     train = np.flatnonzero(~is_val)
-    return read_sample(mapped, train[sample_rows(sizes[train])], VERIFY_DOCUMENT_BYTES)
+    return read_sample(mapped, train[sample_rows(sizes[train], origins[train])], VERIFY_DOCUMENT_BYTES)
+
+
+def candidate_texts(in_dir: Path, margin: float = 1.25) -> list[str]:
+    """The documents of an earlier text stage's output (`in_dir`, e.g. convert's) that the check's
+    sample will most likely hold, a quarter more of them: stages between may drop rows, and save
+    takes the validation rows out. What the reference process encodes while filter runs."""
+    mapped = MappedTable(in_dir)
+    sizes, origins = text_bytes(mapped.table), origins_of(mapped.table)
+    rows = sample_rows(sizes, origins, int(VERIFY_DOCUMENTS * margin), int(VERIFY_BYTES * margin))
+    return read_sample(mapped, rows, VERIFY_DOCUMENT_BYTES)
 
 
 def read_sample(mapped: MappedTable, rows: np.ndarray, doc_bytes: int) -> list[str]:

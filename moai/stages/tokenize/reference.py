@@ -60,7 +60,15 @@ def _serve(conn, folder: str) -> None:
     except BaseException as err:  # sent to the parent, which raises it where the stage needs it
         conn.send(("error", f"{type(err).__name__}: {err}" if not isinstance(err, TokenizerError) else str(err)))
         return
-    samples: dict[str, Any] = {}  # tag -> (sample texts, transformers' ids as a Flat), or None (failed)
+    samples: dict[str, Any] = {}  # tag -> (sample texts, transformers' ids as a Flat, how many were ready), or None
+    known: dict[str, list[int]] = {}  # text -> transformers' ids, encoded ahead ("candidates")
+
+    def ids_of(texts: list[str]) -> list[list[int]]:
+        new = list(dict.fromkeys(t for t in texts if t not in known))
+        if new:
+            known.update(zip(new, tok(new, verbose=False)["input_ids"], strict=True))
+        return [known[t] for t in texts]
+
     while True:
         try:
             request = conn.recv()
@@ -68,13 +76,21 @@ def _serve(conn, folder: str) -> None:
             return
         if request is None:
             return
-        if isinstance(request, tuple) and request[0] == "sample":  # no answer: kept for "get_sample"
+        if isinstance(request, tuple) and request[0] == "candidates":  # no answer: ids kept for "sample"
+            with contextlib.suppress(Exception):  # whatever fails, "sample" encodes what it needs
+                from moai.stages.tokenize.engine import candidate_texts
+
+                if len(known) > 20_000:  # many sources: keep memory bounded (a miss only costs time)
+                    known.clear()
+                ids_of(candidate_texts(Path(request[1])))
+        elif isinstance(request, tuple) and request[0] == "sample":  # no answer: kept for "get_sample"
             _, tag, in_dir, split = request
             try:
                 from moai.stages.tokenize.engine import sample_texts_before_save
 
                 texts = sample_texts_before_save(Path(in_dir), split)
-                samples[tag] = (texts, engines.flat_of(tok(texts, verbose=False)["input_ids"] if texts else []))
+                ready = sum(t in known for t in texts)
+                samples[tag] = (texts, engines.flat_of(ids_of(texts)), ready)
             except Exception:  # the stage samples and asks again itself
                 samples[tag] = None
         elif isinstance(request, tuple) and request[0] == "get_sample":
@@ -96,6 +112,7 @@ class Reference:
             self.process.start()
         child.close()
         self._info: Any = None
+        self.ready: int | None = None  # of the last sample taken, documents transformers encoded ahead
         self._lock = threading.Lock()  # one request and its answer at a time (the prebuild thread asks too)
         self._send_lock = threading.Lock()  # one message being sent at a time
 
@@ -135,6 +152,11 @@ class Reference:
             self._send(texts)
             return self._recv()
 
+    def candidates_ahead(self, in_dir: Path) -> None:
+        """Have the process encode the documents of `in_dir` (an early text stage's output) that the
+        check's sample will most likely hold (`engine.candidate_texts`), while later stages run."""
+        self._send(("candidates", str(in_dir)))
+
     def sample_ahead(self, tag: str, in_dir: Path, split: Any) -> None:
         """Have the process sample the train split the save stage (its output `tag`) is writing
         from `in_dir`, and encode the sample with transformers, while save runs (`prefetched`)."""
@@ -146,7 +168,13 @@ class Reference:
         self.info(str(self.folder))
         with self._lock:
             self._send(("get_sample", tag))
-            return self._recv()
+            made = self._recv()
+        if made is None:
+            return None
+        texts, ids, ready = made
+        log.info("the check's sample: %d documents, %d of them encoded by transformers ahead", len(texts), ready)
+        self.ready = ready
+        return texts, ids
 
     def _send(self, message: Any) -> None:
         with self._send_lock:
@@ -187,6 +215,15 @@ def _wanted(config: PipelineConfig) -> Path | None:
     if not (folder / "tokenizer.json").is_file() or any(p.is_dir() for p in folder.iterdir()):
         return None
     return folder
+
+
+def candidates_ahead(in_dir: Path) -> None:
+    """The filter stage starts from `in_dir` (convert's output): every running reference process
+    encodes the documents the check will most likely sample, on the core filter leaves free."""
+    for ref in _running:
+        if ref.process.is_alive():
+            with contextlib.suppress(OSError):
+                ref.candidates_ahead(in_dir)
 
 
 def sample_ahead(tag: str, in_dir: Path, split: Any) -> None:
