@@ -2,7 +2,9 @@
 
 `sample_source` reads the first `SAMPLE_BYTES` of a local source (JSON-lines files, decompressed
 as convert reads them, in its order), makes each row's text as convert does (`text_field`, `text_template`,
-or a conversation rendered with its chat template), drops what filter drops, and counts each
+or a conversation rendered with its chat template), drops what filter drops, then what the cleaning
+stages that are on drop (each stage's own verdicts on the sample's texts, in the chain's order:
+`moai.stages.chain.judge_sample`; dedup finds the copies within the sample), and counts each
 text's tokens as tokenize does (the given tokenizer, EOS included; with `tokenizer.train`, a
 byte-level BPE of the asked vocabulary trained on the sample).
 
@@ -10,19 +12,22 @@ byte-level BPE of the asked vocabulary trained on the sample).
 those rows when the sample is the whole source, else as many rows as the source holds at the
 sample's rows per byte, their lengths drawn from the sample. The samples are counted with pack's
 own functions (concat windows, best-fit rows). It says why the number may be far off (`rough`):
-cleaning stages drop rows before the split that the plan does not count; a tokenizer trained on
+dedup on part of a source (copies of rows past the sample are not seen); cleaning of chat rows
+(the stages judge the messages as JSON, the sample holds them rendered); a tokenizer trained on
 all of the text; a handful of validation rows that the sample does not name; a source it could
 not sample.
 
 Cost: reading and tokenizing 4 MiB with the Rust tokenizer (~0.3 s on one core), or training the
-BPE on it (~1-2 s); the split and the packing are NumPy over the sample's lengths.
+BPE on it (~1-2 s); the split and the packing are NumPy over the sample's lengths. Cleaning adds
+the stages' own cost on the sample (MB/s in the stage table), and with `language` the fastText
+model's load.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,8 @@ class SourceSample:
     bytes_read: int  # source bytes those rows (and the rows skipped among them) take
     whole: bool  # the sample is every row of the source
     trained: bool  # counted with a BPE trained on the sample (tokenizer.train), not the final tokenizer
+    dropped: dict[str, int] = field(default_factory=dict)  # rows each cleaning stage drops from the sample
+    rough: tuple[str, ...] = ()  # why the sample's rows may be far from those prepare keeps
 
     @property
     def bytes_per_token(self) -> float:
@@ -81,6 +88,9 @@ def sample_source(
         if not whole:
             break
     texts = _filtered(texts, config)
+    texts, dropped, rough = _cleaned(texts, src, config, whole)
+    if not texts and dropped:
+        return f"the cleaning stages drop every row of its first {limit >> 20 or 1} MiB ({_counts(dropped)})"
     if not texts:
         first = files[0] if files else None
         if not isinstance(first, Path) or format_suffix(first) != ".jsonl":
@@ -89,7 +99,28 @@ def sample_source(
     lengths = _token_counts(texts, src, config)
     if lengths is None:
         return "no tokenizer.json to count tokens with"
-    return SourceSample(lengths, used, whole, config.tokenizer.path is None)
+    return SourceSample(lengths, used, whole, config.tokenizer.path is None, dropped, rough)
+
+
+def _cleaned(
+    texts: list[str], src: SourceConfig, config: PipelineConfig, whole: bool
+) -> tuple[list[str], dict[str, int], tuple[str, ...]]:
+    """What the cleaning stages that are on keep of the sample, the rows each drops, and why that
+    may be far from what they keep of the source."""
+    from moai.stages.chain import CHAIN, judge_sample
+
+    names = [name for name, is_on in CHAIN[1:] if is_on(config)]
+    if not names:
+        return texts, {}, ()
+    if src.format == "chat":  # the stages judge the messages as JSON; the sample holds them rendered
+        return texts, {}, (f"{', '.join(names)} drop chat rows before the split that the plan does not count",)
+    kept, dropped = judge_sample(config, texts)
+    rough = () if whole or "dedup" not in names else ("dedup on a sample sees only the copies within it",)
+    return kept, dropped, rough
+
+
+def _counts(dropped: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in dropped.items())
 
 
 def _read(path: Path, size: int) -> bytes:
@@ -173,14 +204,12 @@ def _jinja(template: str):
     return _TEMPLATES[template]
 
 
-def validation(sample: SourceSample, source_bytes: int, config: PipelineConfig, cleaning: list[str]) -> Estimate:
+def validation(sample: SourceSample, source_bytes: int, config: PipelineConfig) -> Estimate:
     """The validation split of one source: its tokens, its packed samples and its rows."""
     from moai.stages.save import num_validation_rows, validation_rows
 
     lengths, split = sample.lengths, config.split
-    rough = []
-    if cleaning:
-        rough.append(f"{', '.join(cleaning)} drop rows before the split that the plan does not count")
+    rough = list(sample.rough)
     if sample.whole:
         val = lengths[validation_rows(len(lengths), split)]
         rows, scale = len(val), 1.0

@@ -388,12 +388,11 @@ def _validation_checks(f: Facts) -> list[Check]:
         ]
     if not f.corpus_bytes:
         return []
-    cleaning = list(f.cleaning)
     parts = []
     for setting, size in ({s: size for s, (_, size) in f.local_files.items()} or {"": f.corpus_bytes}).items():
         sample = f.samples.get(setting, "no tokenizer to count with before prepare")
         if isinstance(sample, SourceSample):
-            parts.append(validation(sample, size, c, cleaning))
+            parts.append(validation(sample, size, c))
             continue
         tokens, samples = validation_estimate(size, c.split.val_fraction, seq_len) or (0, 0)
         why = f"{setting or 'the source'} not sampled ({sample}): ~{BYTES_PER_TOKEN} bytes a token assumed"
@@ -402,10 +401,13 @@ def _validation_checks(f: Facts) -> list[Check]:
     rows = sum(p.rows for p in parts)
     rough = list(dict.fromkeys(r for p in parts for r in p.rough))
     sampled = [s for s in f.samples.values() if isinstance(s, SourceSample)]
+    if c.dedup is not None and len(parts) > 1:
+        rough.append("dedup drops copies of earlier sources' rows that each source's sample does not see")
+    cleaned = _cleaned(sampled)
     rates = sorted({round(s.bytes_per_token, 1) for s in sampled})
     how = "a BPE trained on a sample" if any(s.trained for s in sampled) else "the tokenizer on a sample"
     rate = f"~{'/'.join(f'{r:.1f}' for r in rates)} bytes a token, measured with {how}" if rates else ""
-    about = ", ".join(x for x in (f"~{rows} rows" if rows else "", rate) if x)
+    about = ", ".join(x for x in (f"~{rows} rows" if rows else "", cleaned, rate) if x)
     note = f"; rough: {'; '.join(rough)}" if rough else ""
     if samples < 1:
         detail = (
@@ -416,6 +418,14 @@ def _validation_checks(f: Facts) -> list[Check]:
         return [Check("validation", "warn", detail, "lower pack.seq_len, raise split.val_fraction, or add data")]
     detail = f"~{samples} validation sample(s) of {seq_len} tokens{f' ({about})' if about else ''}{note}"
     return [Check("validation", "pass", detail)]
+
+
+def _cleaned(sampled: list[SourceSample]) -> str:
+    """What the cleaning stages drop of the sampled rows, e.g. `cleaning drops 224 of 400 sampled rows`."""
+    dropped = sum(n for s in sampled for n in s.dropped.values())
+    if not any(s.dropped for s in sampled):
+        return ""
+    return f"cleaning drops {dropped} of {dropped + sum(len(s.lengths) for s in sampled)} sampled rows"
 
 
 def validation_estimate(

@@ -23,7 +23,7 @@ def test_a_sample_of_part_of_a_source_scales_its_rows_by_bytes(tmp_path, corpus)
         isinstance(whole, SourceSample) and whole.whole and len(whole.lengths) == 1484
     )  # 16 empty texts: filter drops them
     assert isinstance(part, SourceSample) and not part.whole and 250 < len(part.lengths) < 350
-    exact, guessed = validation(whole, size, config, []), validation(part, size, config, [])
+    exact, guessed = validation(whole, size, config), validation(part, size, config)
     assert exact.rows == 74 and exact.rough == ()  # round(1484 x 0.05), the rows save chooses
     assert abs(guessed.rows - 74) <= 74 * 0.1, guessed
     assert abs(guessed.tokens - exact.tokens) <= 0.2 * exact.tokens, (guessed, exact)
@@ -35,13 +35,11 @@ def test_an_estimate_says_why_it_may_be_far_off(tmp_path, corpus):
     files, size = source_files(config.source), corpus.stat().st_size
     part = sample_source(files, config.source, config, limit=size // 5)
     assert isinstance(part, SourceSample)
-    (few,) = validation(part, size, config, []).rough
+    (few,) = validation(part, size, config).rough
     assert few.startswith("only ~3 validation rows, drawn from a sample")
     whole = sample_source(files, config.source, config)
     assert isinstance(whole, SourceSample)
-    assert validation(whole, size, config, []).rough == ()  # the very rows save chooses: nothing drawn
-    (cleaning,) = validation(whole, size, config, ["dedup", "quality"]).rough
-    assert cleaning == "dedup, quality drop rows before the split that the plan does not count"
+    assert validation(whole, size, config).rough == ()  # the very rows save chooses: nothing drawn
 
 
 def test_a_trained_tokenizer_is_counted_with_one_trained_on_the_sample(tmp_path, corpus):
@@ -52,7 +50,7 @@ def test_a_trained_tokenizer_is_counted_with_one_trained_on_the_sample(tmp_path,
         source_files(config.source), config.source, parse_config(config_dict(tmp_path, corpus, TOKENIZER))
     )
     assert isinstance(given, SourceSample) and sample.bytes_per_token != given.bytes_per_token
-    assert "counted with one trained on a sample" in " ".join(validation(sample, 10**6, config, []).rough)
+    assert "counted with one trained on a sample" in " ".join(validation(sample, 10**6, config).rough)
 
 
 def test_chat_rows_are_counted_as_tokenize_renders_them(tmp_path):
@@ -93,3 +91,40 @@ def test_a_compressed_source_is_sampled_as_convert_reads_it(tmp_path, corpus):
     b = sample_source(source_files(gz.source), gz.source, gz)
     assert isinstance(a, SourceSample) and isinstance(b, SourceSample) and b.whole
     assert b.lengths.tolist() == a.lengths.tolist() and b.bytes_read == a.bytes_read
+
+
+CLEAN = ROOT / "examples" / "clean.yaml"
+
+
+def clean_config(tmp_path, **changes):
+    """examples/clean.yaml, its paths made absolute, with `changes` to its top-level blocks."""
+    import yaml
+
+    data = yaml.safe_load(CLEAN.read_text())
+    data["source"]["path"] = str(ROOT / data["source"]["path"])
+    data["decontaminate"]["path"] = str(ROOT / data["decontaminate"]["path"])
+    data["tokenizer"]["path"] = str(ROOT / data["tokenizer"]["path"])
+    data["cache_dir"] = str(tmp_path / "cache")
+    return parse_config({**data, **changes})
+
+
+def test_the_cleaning_stages_own_verdicts_drop_rows_of_the_sample(tmp_path):
+    config = clean_config(tmp_path)
+    sample = sample_source(source_files(config.source), config.source, config)
+    assert isinstance(sample, SourceSample) and sample.whole and sample.rough == ()
+    # what `moai prepare examples/clean.yaml` drops, stage by stage (its stage table: 400 -> 345 -> 329 -> 313 -> 305)
+    assert sample.dropped == {"dedup": 55, "quality": 16, "language": 16, "decontaminate": 8}
+    assert len(sample.lengths) == 305
+    alone = sample_source(source_files(config.source), config.source, clean_config(tmp_path, dedup=None))
+    assert isinstance(alone, SourceSample) and list(alone.dropped) == ["quality", "language", "decontaminate"]
+    assert len(alone.lengths) > 305  # the copies stay
+
+
+def test_dedup_on_part_of_a_source_says_it_sees_only_the_copies_within_it(tmp_path):
+    config = clean_config(tmp_path)
+    files = source_files(config.source)
+    part = sample_source(files, config.source, config, limit=files[0].stat().st_size // 2)
+    assert isinstance(part, SourceSample) and not part.whole and sum(part.dropped.values()) > 0
+    assert part.rough == ("dedup on a sample sees only the copies within it",)
+    no_dedup = clean_config(tmp_path, dedup=None)
+    assert sample_source(files, no_dedup.source, no_dedup, limit=files[0].stat().st_size // 2).rough == ()

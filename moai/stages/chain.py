@@ -32,3 +32,25 @@ def declare(name: str) -> tuple[Callable[[PipelineConfig], bool], Callable[[Pipe
     """A cleaning stage's `enabled` and `reads` (moai.pipeline): on with its block, reading the
     stage of the chain before it."""
     return (lambda config: on(config, name)), (lambda config: (before(config, name),))
+
+
+def judge_sample(config: PipelineConfig, texts: list[str]) -> tuple[list[str], dict[str, int]]:
+    """The texts the cleaning stages that are on keep, in order, and how many each drops: each
+    stage's own verdicts (`judge`, dedup's `judge_texts`) on these texts alone, as filter left
+    them (`moai.estimate`: plan's sample of a source)."""
+    from importlib import import_module
+
+    import pyarrow as pa
+
+    dropped: dict[str, int] = {}
+    for name, is_on in CHAIN[1:]:
+        if not is_on(config) or not texts:
+            continue
+        stage, column = import_module(f"moai.stages.{name}"), pa.array(texts, type=pa.string())
+        if name == "dedup":
+            reasons = stage.judge_texts(config.dedup, column)
+        else:
+            reasons = stage.judge(column, stage.params(config))[0]
+        dropped[name] = sum(r is not None for r in reasons)
+        texts = [t for t, r in zip(texts, reasons, strict=True) if r is None]
+    return texts, dropped

@@ -157,12 +157,19 @@ def judge(texts: pa.Array, index: EvalIndex) -> tuple[list[str | None], list[str
     return reasons, details, {}
 
 
-def build(ctx, out: Path) -> dict[str, Any]:
-    cfg: DecontaminateConfig = ctx.config.decontaminate
-    texts = eval_texts(cfg, settings(ctx.config)["evals"])
+def params(config: PipelineConfig) -> EvalIndex:
+    """What `judge` judges with: the n-gram index of the evaluation texts (read once per process)."""
+    cfg = config.decontaminate
+    assert cfg is not None
+    texts = eval_texts(cfg, settings(config)["evals"])
     if not texts:
         raise DataError(f"decontaminate.path {cfg.path!r}: no evaluation text in field(s) {_fields(cfg)}")
-    index = EvalIndex(texts, cfg.ngram)
+    return EvalIndex(texts, cfg.ngram)
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
+    cfg: DecontaminateConfig = ctx.config.decontaminate
+    index = params(ctx.config)
     log.info(
         "decontaminate: %d evaluation texts, %d n-grams (%d shorter than %d words left out)",
         index.items,

@@ -19,15 +19,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from moai.clean.minhash import cluster, first_copies, jaccard_sorted
+from moai.clean.minhash import cluster, exact_keys, first_copies, jaccard_sorted
 from moai.clean.rows import Verdicts, apply_verdicts
 from moai.clean.shingles import shingles
-from moai.config import PipelineConfig
+from moai.config import DedupConfig, PipelineConfig
 from moai.formats.text import MappedTable
 from moai.report import timing
 from moai.stages.chain import before, on
@@ -56,8 +58,8 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 class _Texts:
     """Random access to the texts of several sources by global document id, with an LRU of n-gram sets."""
 
-    def __init__(self, dirs: list[Path], names: list[str | None], ngram: int):
-        self.tables = [MappedTable(d).table.column(0) for d in dirs]
+    def __init__(self, tables: list, names: list[str | None], ngram: int):
+        self.tables = tables  # each source's text column (Arrow)
         self.names = names
         self.starts = np.cumsum([0] + [len(t) for t in self.tables])
         self.ngram = ngram
@@ -102,6 +104,80 @@ class _Texts:
         return got
 
 
+@dataclass
+class Decisions:
+    """Of the last `len(reasons)` documents: 0 kept, 1 exact copy, 2 near copy; the kept copy's global
+    id; the Jaccard of a verified near copy with it (NaN otherwise); the near clustering's report."""
+
+    reasons: np.ndarray
+    other: np.ndarray
+    similarity: np.ndarray
+    near: dict[str, Any] | None
+
+
+REASONS = (None, "exact_duplicate", "near_duplicate")
+
+
+def decide(
+    cfg: DedupConfig, keys: np.ndarray | None, bands: np.ndarray | None, texts: _Texts, offset: int
+) -> Decisions:
+    """Which of the documents from global id `offset` on are copies of an earlier one, given every
+    document's exact keys (with `dedup.exact`) and MinHash bands (with `dedup.near`), and their texts."""
+    total = int(texts.starts[-1])
+    n = total - offset
+    reasons = np.zeros(n, dtype=np.int8)
+    other = np.full(n, -1, dtype=np.int64)  # the kept copy's global id
+    similarity = np.full(n, np.nan)
+    alive = np.ones(total, dtype=bool)
+    if cfg.exact:
+        assert keys is not None
+        first = first_copies(keys)
+        alive = first == np.arange(total)
+        mine = ~alive[offset:]
+        reasons[mine] = 1
+        other[mine] = first[offset:][mine]
+    mh = hasher(cfg)
+    if mh is None or cfg.near is None:
+        return Decisions(reasons, other, similarity, None)
+    assert bands is not None
+    threshold = cfg.near.threshold
+    measured: dict[tuple[int, int], float] = {}  # (earlier, later) → Jaccard of their n-gram sets
+
+    def verify(x: int, y: int) -> bool:
+        sim = jaccard_sorted(texts.ngrams(x), texts.ngrams(y))
+        measured[(x, y)] = sim
+        return sim >= threshold
+
+    root, stats = cluster(bands, alive, verify=verify if cfg.near.verify else None, prefetch=texts.prefetch)
+    mine_root = root[offset:]
+    near = (mine_root >= 0) & (mine_root != np.arange(offset, total)) & (reasons == 0)
+    reasons[near] = 2
+    other[near] = mine_root[near]
+    if cfg.near.verify:  # the Jaccard of each dropped row with its cluster's first (mostly measured already)
+        found = [i for i in np.flatnonzero(near) if (int(other[i]), offset + int(i)) not in measured]
+        for lo in range(0, len(found), 5_000):
+            part = found[lo : lo + 5_000]
+            texts.prefetch(sorted({offset + int(i) for i in part} | {int(other[i]) for i in part}))
+            for i in part:
+                measured[(int(other[i]), offset + int(i))] = jaccard_sorted(
+                    texts.ngrams(int(other[i])), texts.ngrams(offset + int(i))
+                )
+        for i in np.flatnonzero(near):
+            similarity[i] = measured[(int(other[i]), offset + int(i))]
+    report = {"bands": mh.bands, "rows": mh.rows, "threshold": threshold, "verify": cfg.near.verify, **stats}
+    return Decisions(reasons, other, similarity, report)
+
+
+def judge_texts(cfg: DedupConfig, texts: pa.Array) -> list[str | None]:
+    """The verdict on each of these texts (None kept, else `exact_duplicate` / `near_duplicate`),
+    deduplicated among themselves alone, as `build` decides them (plan's estimate, `moai.estimate`)."""
+    mh = hasher(cfg)
+    keys = exact_keys(texts) if cfg.exact else None
+    bands = mh(texts) if mh is not None else None
+    found = decide(cfg, keys, bands, _Texts([texts], [None], mh.ngram if mh else 1), 0)
+    return [REASONS[r] for r in found.reasons]
+
+
 def build(ctx, out: Path) -> dict[str, Any]:
     cfg = ctx.config.dedup
     started = time.perf_counter()
@@ -113,57 +189,16 @@ def build(ctx, out: Path) -> dict[str, Any]:
     sig_dirs = [*(earlier_sigs[n] for n in earlier_text), ctx.path(SIGNATURES)]
     sizes = [MappedTable(d).table.num_rows for d in dirs]
     offset, n = sum(sizes[:-1]), sizes[-1]
-    total = offset + n
-    reasons = np.zeros(n, dtype=np.int8)  # 0 kept, 1 exact, 2 near
-    other = np.full(n, -1, dtype=np.int64)  # the kept copy's global id
-    similarity = np.full(n, np.nan)
     report: dict[str, Any] = {"kept_copy": "first: earlier source in config order, then earlier row"}
-    alive = np.ones(total, dtype=bool)
-    if cfg.exact:
-        keys = np.concatenate([np.load(d / "exact.npy") for d in sig_dirs])
-        first = first_copies(keys)
-        alive = first == np.arange(total)
-        mine = ~alive[offset:]
-        reasons[mine] = 1
-        other[mine] = first[offset:][mine]
     mh = hasher(cfg)
-    if mh is not None:
-        bands = np.concatenate([np.load(d / "bands.npy") for d in sig_dirs])
-        texts = _Texts(dirs, names, mh.ngram)
-        threshold = cfg.near.threshold
-        measured: dict[tuple[int, int], float] = {}  # (earlier, later) → Jaccard of their n-gram sets
-
-        def verify(x: int, y: int) -> bool:
-            sim = jaccard_sorted(texts.ngrams(x), texts.ngrams(y))
-            measured[(x, y)] = sim
-            return sim >= threshold
-
-        root, stats = cluster(bands, alive, verify=verify if cfg.near.verify else None, prefetch=texts.prefetch)
-        mine_root = root[offset:]
-        near = (mine_root >= 0) & (mine_root != np.arange(offset, total)) & (reasons == 0)
-        reasons[near] = 2
-        other[near] = mine_root[near]
-        if cfg.near.verify:  # the Jaccard of each dropped row with its cluster's first (mostly measured already)
-            found = [i for i in np.flatnonzero(near) if (int(other[i]), offset + int(i)) not in measured]
-            for lo in range(0, len(found), 5_000):
-                part = found[lo : lo + 5_000]
-                texts.prefetch(sorted({offset + int(i) for i in part} | {int(other[i]) for i in part}))
-                for i in part:
-                    measured[(int(other[i]), offset + int(i))] = jaccard_sorted(
-                        texts.ngrams(int(other[i])), texts.ngrams(offset + int(i))
-                    )
-            for i in np.flatnonzero(near):
-                similarity[i] = measured[(int(other[i]), offset + int(i))]
-        report["near"] = {
-            "bands": mh.bands,
-            "rows": mh.rows,
-            "threshold": threshold,
-            "verify": cfg.near.verify,
-            **stats,
-        }
-        label = texts.label
-    else:
-        label = _Texts(dirs, names, 1).label
+    keys = np.concatenate([np.load(d / "exact.npy") for d in sig_dirs]) if cfg.exact else None
+    bands = np.concatenate([np.load(d / "bands.npy") for d in sig_dirs]) if mh is not None else None
+    texts = _Texts([MappedTable(d).table.column(0) for d in dirs], names, mh.ngram if mh else 1)
+    found = decide(cfg, keys, bands, texts, offset)
+    reasons, other, similarity = found.reasons, found.other, found.similarity
+    if found.near is not None:
+        report["near"] = found.near
+    label = texts.label
     if offset:
         report["earlier_sources"] = {str(k): v for k, v in zip(names[:-1], sizes[:-1], strict=True)}
 
@@ -175,14 +210,12 @@ def build(ctx, out: Path) -> dict[str, Any]:
             ds: list[str | None] = []
             for i in range(lo, hi):
                 r = reasons[i]
+                rs.append(REASONS[r])
                 if r == 0:
-                    rs.append(None)
                     ds.append(None)
                 elif r == 1:
-                    rs.append("exact_duplicate")
                     ds.append(f"copy of {label(int(other[i]))}")
                 else:
-                    rs.append("near_duplicate")
                     sim = "" if np.isnan(similarity[i]) else f" (Jaccard {similarity[i]:.3f})"
                     ds.append(f"near copy of {label(int(other[i]))}{sim}")
             yield Verdicts(lo, hi, rs, ds)

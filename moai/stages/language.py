@@ -42,8 +42,14 @@ def judge(texts: pa.Array, cfg: LanguageConfig) -> tuple[list[str | None], None,
     return list(found.reasons), None, {"code_exempt": found.code_exempt}
 
 
+def params(config: PipelineConfig) -> LanguageConfig:
+    """What `judge` judges with: the stage's config block."""
+    assert config.language is not None
+    return config.language
+
+
 def build(ctx, out: Path) -> dict[str, Any]:
-    cfg: LanguageConfig = ctx.config.language
+    cfg = params(ctx.config)
     return judged_stage(
         ctx,
         out,

@@ -42,15 +42,21 @@ def judge(texts: pa.Array, params: tuple[list, str]) -> tuple[list[str | None], 
     return list(found.reasons), None, {"code_exempt": found.code_exempt}
 
 
-def build(ctx, out: Path) -> dict[str, Any]:
+def params(config: PipelineConfig) -> tuple[list, str]:
+    """What `judge` judges with: the rules and what to do with code."""
     from moai.clean import quality as rules_mod
 
-    cfg: QualityConfig = ctx.config.quality
+    cfg: QualityConfig | None = config.quality
+    assert cfg is not None
+    return rules_mod.resolve(cfg), cfg.code
+
+
+def build(ctx, out: Path) -> dict[str, Any]:
     return judged_stage(
         ctx,
         out,
         NAME,
         judge,
-        (rules_mod.resolve(cfg), cfg.code),
+        params(ctx.config),
         fix="relax quality.thresholds for the rules named, or choose other quality.rules",
     )
