@@ -128,3 +128,31 @@ def test_dedup_on_part_of_a_source_says_it_sees_only_the_copies_within_it(tmp_pa
     assert part.rough == ("dedup on a sample sees only the copies within it",)
     no_dedup = clean_config(tmp_path, dedup=None)
     assert sample_source(files, no_dedup.source, no_dedup, limit=files[0].stat().st_size // 2).rough == ()
+
+
+def test_chat_rows_with_cleaning_on_say_the_plan_does_not_count_its_drops(tmp_path):
+    path = ROOT / "examples" / "chat" / "conversations.jsonl"
+    data = config_dict(tmp_path, path, TOKENIZER, quality={"rules": "gopher"})
+    data["source"] = {"path": str(path), "format": "chat", "chat_template": str(path.parent / "template.jinja")}
+    config = parse_config(data)
+    sample = sample_source(source_files(config.source), config.source, config)
+    assert isinstance(sample, SourceSample) and sample.dropped == {}  # the stages judge the messages as JSON
+    assert validation(sample, path.stat().st_size, config).rough == (
+        "quality drop chat rows before the split that the plan does not count",
+    )
+
+
+def test_copies_across_the_sources_of_a_mix_are_said_to_be_left_out(tmp_path):
+    from moai import preflight
+
+    data = config_dict(tmp_path, "unused", TOKENIZER, dedup={"exact": True})
+    del data["source"]
+    data["sources"] = [
+        {"name": "ko", "path": str(ROOT / "examples" / "data" / "mix" / "ko.jsonl"), "weight": 1},
+        {"name": "en", "path": str(ROOT / "examples" / "data" / "mix" / "en.jsonl"), "weight": 1},
+    ]
+    (check,) = [c for c in preflight.run(parse_config(data), train=False) if c.name == "validation"]
+    assert "cleaning drops 0 of " in check.detail, check.detail  # no copies within either source
+    assert check.detail.endswith(
+        "; rough: dedup drops copies of earlier sources' rows that each source's sample does not see"
+    )
