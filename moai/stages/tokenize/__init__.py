@@ -30,6 +30,7 @@ files under the same key.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -313,7 +314,8 @@ def _tokenize_speculatively(
         return choice, ahead is not None, time.perf_counter() - t0
 
     with ThreadPoolExecutor(1, thread_name_prefix="moai-check") as ex:
-        checking = ex.submit(check)
+        # in this thread's context: the check's log lines go where the stage's go (a Prefect task's run)
+        checking = ex.submit(contextvars.copy_context().run, check)
         init_encoder(setup, None, None, encoder=encoder)
         started = time.perf_counter()
         results = _encode_all(jobs, None, None, started, progress, on_progress)

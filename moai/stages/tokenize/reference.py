@@ -22,6 +22,7 @@ corpus, 0.51 s before (`docs/performance.md`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 from collections.abc import Iterator
@@ -245,7 +246,9 @@ def prefetch(config: PipelineConfig) -> Iterator[Reference | None]:
     _running.append(ref)
     # Then the fastest engine is built from the pipeline transformers runs, also before it is needed
     # (parsing a 131k vocabulary takes fastokens ~1.3 CPU s); the check still decides whether it is used.
-    threading.Thread(target=_prebuild, args=(ref,), daemon=True, name="moai-prebuild").start()
+    # in this thread's context, so its log lines (the tokenizer's warnings) go where the run's go
+    run = contextvars.copy_context().run
+    threading.Thread(target=run, args=(_prebuild, ref), daemon=True, name="moai-prebuild").start()
     try:
         yield ref
     finally:
