@@ -166,88 +166,52 @@ def tokenize(
     jobs = plan_parts(info, text_dir, out_dir, batch_size)
     classic = (max(1, min(num_proc, len(jobs))), threads_per_proc)
     fast = (max(1, min(fast_split[0], len(jobs))), fast_split[1]) if fast_split is not None else classic
-    with contextlib.ExitStack() as stack:
-        pool = None
-        spawned_at = time.time()
-        if classic[0] > 1 and not engines_fast_possible(engine):
-            # Workers start now (spawn, imports) while this process checks the engine; each builds
-            # its encoder from the checked set-up before its first part (`encode_part_with`).
-            pool = _start_pool(stack, *classic)
-        checked = time.perf_counter()
-        threads = (fast if engine_is_fast(engine) else classic)[1]
-        guess = _speculation(info, text_dir, engine, fast, prefetched, threads)
-        if guess is not None:
-            # The check waits for transformers' ids of its sample (made during save, perhaps not yet
-            # done): meanwhile the parts are encoded with the engine it keeps when that one is exact.
-            # Nothing is published before the check passes; if it keeps another, all is encoded again.
-            return _tokenize_speculatively(
-                info,
-                text_dir,
-                out_dir,
-                jobs,
-                engine,
-                threads,
-                reference,
-                prefetched,
-                guess,
-                progress,
-                on_progress,
-                entered,
-            )
-        ahead = prefetched() if prefetched is not None else None  # waits for them: part of the check
-        choice = choose_encoder(info, text_dir, engine, threads, reference, ahead)
-        check_seconds = time.perf_counter() - checked
-        num_proc, threads_per_proc = fast if choice.engine in FAST_ENGINES else classic
-        if choice.setup.threads != threads_per_proc:
-            choice = dataclasses.replace(
-                choice, setup=dataclasses.replace(choice.setup, threads=threads_per_proc), encoder=None
-            )
-        if pool is None and num_proc > 1:
+    threads = (fast if engine_is_fast(engine) else classic)[1]
+    extra: dict[str, Any] = {}
+    guess = _speculation(info, text_dir, engine, fast, prefetched, threads)
+    if guess is not None:
+        # The check waits for transformers' ids of its sample (made during save, perhaps not yet
+        # done): meanwhile the parts are encoded with the engine it keeps when that one is exact.
+        # Nothing is published before the check passes; if it keeps another, all is encoded again.
+        assert prefetched is not None, "a guess is made only when the sample's ids are made elsewhere"
+        choice, sampled_ahead, check_seconds, started, results, again = _encode_beside_check(
+            info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, guess, progress, on_progress
+        )
+        num_proc, threads_per_proc = 1, threads
+        extra = {"check_beside_encoding": True, "encoded_twice": again}
+    else:
+        with contextlib.ExitStack() as stack:
+            pool = None
             spawned_at = time.time()
-            pool = _start_pool(stack, num_proc, threads_per_proc)
-        for split in SPLITS:
-            (out_dir / split).mkdir(parents=True, exist_ok=True)
-        warm_up = choice.sample[:WARM_UP_DOCUMENTS]
-        if pool is None:
-            init_encoder(choice.setup, None, warm_up, encoder=choice.encoder)
-        else:
-            setup_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="moai-encoder-")))
-            setup_file = setup_dir / "setup.pickle"
-            setup_file.write_bytes(pickle.dumps((choice.setup, threads_per_proc, warm_up, spawned_at)))
-        started = time.perf_counter()
-        results = _encode_all(jobs, pool, None if pool is None else str(setup_file), started, progress, on_progress)
-    return _finish(
-        info,
-        text_dir,
-        out_dir,
-        jobs,
-        results,
-        choice,
-        started,
-        check_seconds,
-        entered,
-        num_proc,
-        threads_per_proc,
-        ahead is not None,
-    )
-
-
-def _finish(
-    info,
-    text_dir,
-    out_dir,
-    jobs,
-    results,
-    choice,
-    started,
-    check_seconds,
-    entered,
-    num_proc,
-    threads_per_proc,
-    sampled_ahead,
-    **extra,
-) -> dict[str, Any]:
-    """Write the store's side files and tokens.json; the stage report."""
+            if classic[0] > 1 and not engines_fast_possible(engine):
+                # Workers start now (spawn, imports) while this process checks the engine; each builds
+                # its encoder from the checked set-up before its first part (`encode_part_with`).
+                pool = _start_pool(stack, *classic)
+            checked = time.perf_counter()
+            ahead = prefetched() if prefetched is not None else None  # waits for them: part of the check
+            choice = choose_encoder(info, text_dir, engine, threads, reference, ahead)
+            check_seconds = time.perf_counter() - checked
+            sampled_ahead = ahead is not None
+            num_proc, threads_per_proc = fast if choice.engine in FAST_ENGINES else classic
+            if choice.setup.threads != threads_per_proc:
+                choice = dataclasses.replace(
+                    choice, setup=dataclasses.replace(choice.setup, threads=threads_per_proc), encoder=None
+                )
+            if pool is None and num_proc > 1:
+                spawned_at = time.time()
+                pool = _start_pool(stack, num_proc, threads_per_proc)
+            for split in SPLITS:
+                (out_dir / split).mkdir(parents=True, exist_ok=True)
+            warm_up = choice.sample[:WARM_UP_DOCUMENTS]
+            if pool is None:
+                init_encoder(choice.setup, None, warm_up, encoder=choice.encoder)
+            else:
+                setup_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="moai-encoder-")))
+                setup_file = setup_dir / "setup.pickle"
+                setup_file.write_bytes(pickle.dumps((choice.setup, threads_per_proc, warm_up, spawned_at)))
+            started = time.perf_counter()
+            setup_path = None if pool is None else str(setup_file)
+            results = _encode_all(jobs, pool, setup_path, started, progress, on_progress)
     seconds = time.perf_counter() - started
     dtype = token_dtype(info.vocab_size)
     write_origins(text_dir, out_dir, [(j.split, j.index, j.start, j.stop) for j in jobs])
@@ -296,11 +260,13 @@ def _speculation(info, text_dir: Path, engine: str, fast: tuple[int, int], prefe
     return None if encoder is None else (setup, encoder)
 
 
-def _tokenize_speculatively(
-    info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, guess, progress, on_progress, entered
-) -> dict[str, Any]:
+def _encode_beside_check(
+    info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, guess, progress, on_progress
+):
     """Encode every part with the guessed engine while the check runs in a thread; keep the parts if
-    the check keeps that engine, else encode them all again with the one it chose."""
+    the check keeps that engine, else encode them all again with the one it chose. Returns the
+    choice, whether its sample came ahead, the check's seconds, when the kept encoding started, the
+    parts' results, and whether they were encoded twice."""
     from concurrent.futures import ThreadPoolExecutor
 
     setup, encoder = guess
@@ -326,22 +292,7 @@ def _tokenize_speculatively(
         init_encoder(choice.setup, None, choice.sample[:WARM_UP_DOCUMENTS], encoder=choice.encoder)
         started = time.perf_counter()
         results = _encode_all(jobs, None, None, started, progress, on_progress)
-    return _finish(
-        info,
-        text_dir,
-        out_dir,
-        jobs,
-        results,
-        choice,
-        started,
-        check_seconds,
-        entered,
-        1,
-        threads,
-        sampled_ahead,
-        check_beside_encoding=True,
-        encoded_twice=again,
-    )
+    return choice, sampled_ahead, check_seconds, started, results, again
 
 
 def engine_is_fast(engine: str) -> bool:
