@@ -152,16 +152,6 @@ class Reference:
             self._send(texts)
             return self._recv()
 
-    def candidates_ahead(self, in_dir: Path) -> None:
-        """Have the process encode the documents of `in_dir` (an early text stage's output) that the
-        check's sample will most likely hold (`engine.candidate_texts`), while later stages run."""
-        self._send(("candidates", str(in_dir)))
-
-    def sample_ahead(self, tag: str, in_dir: Path, split: Any) -> None:
-        """Have the process sample the train split the save stage (its output `tag`) is writing
-        from `in_dir`, and encode the sample with transformers, while save runs (`prefetched`)."""
-        self._send(("sample", tag, str(in_dir), split))  # no answer: never waits for another request
-
     def prefetched(self, tag: str) -> tuple[list[str], engines.Flat] | None:
         """The sample of save output `tag` and transformers' ids of it (`sample_ahead`; waits for
         them), or None when none was asked for or making it failed."""
@@ -219,20 +209,23 @@ def _wanted(config: PipelineConfig) -> Path | None:
 
 def candidates_ahead(in_dir: Path) -> None:
     """The filter stage starts from `in_dir` (convert's output): every running reference process
-    encodes the documents the check will most likely sample, on the core filter leaves free."""
-    for ref in _running:
-        if ref.process.is_alive():
-            with contextlib.suppress(OSError):
-                ref.candidates_ahead(in_dir)
+    encodes the documents the check will most likely sample (`engine.candidate_texts`), on the core
+    filter leaves free."""
+    _tell(("candidates", str(in_dir)))
 
 
 def sample_ahead(tag: str, in_dir: Path, split: Any) -> None:
     """The save stage (output `tag`) starts writing from `in_dir`: every running reference process
-    samples what it will write and encodes the sample meanwhile (the tokenize check's first half)."""
+    samples what it will write and encodes what it lacks of the sample meanwhile (`prefetched`)."""
+    _tell(("sample", tag, str(in_dir), split))
+
+
+def _tell(message: tuple) -> None:
+    """Send a request that has no answer (so never waits for another) to every running process."""
     for ref in _running:
         if ref.process.is_alive():
             with contextlib.suppress(OSError):  # the process ended: the stage samples itself (and says why)
-                ref.sample_ahead(tag, in_dir, split)
+                ref._send(message)
 
 
 @contextlib.contextmanager
