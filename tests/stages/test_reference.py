@@ -43,6 +43,11 @@ def test_a_cold_prepare_loads_transformers_only_in_the_reference_process(tmp_pat
     assert not reference._running and not engines._prebuilt  # the process ended with the run
 
     # exact as ever: every stored document is transformers' ids + EOS
+    _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir)
+
+
+def _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir):
+    """Every document of the run's token store is transformers' ids of its saved text + EOS."""
     hf = load_tokenizer(str(tokenizer_dir))
     store = TokenStore(result["token_store"])
     saved = datasets.load_from_disk(str(tmp_path / "cache" / "save" / result["stages"]["save"]["key"]))
@@ -136,14 +141,7 @@ def test_parts_encoded_beside_the_check_with_an_engine_it_passes_over_are_encode
     manifest = json.loads((Path(result["token_store"]) / "_manifest.json").read_text())["report"]
     assert manifest["check_beside_encoding"] is True and manifest["encoded_twice"] is True
     assert manifest["engine"] == "gigatoken" and manifest["engines_tried"]["fastokens"].startswith("ids differ")
-    hf = load_tokenizer(str(tokenizer_dir))
-    store = TokenStore(result["token_store"])
-    saved = datasets.load_from_disk(str(tmp_path / "cache" / "save" / result["stages"]["save"]["key"]))
-    for split in ("train", "validation"):
-        texts = saved[split]["text"]
-        assert store.split(split).num_documents == len(texts)
-        for i, text in enumerate(texts):
-            assert store.split(split).document(i).tolist() == [*hf(text)["input_ids"], hf.eos_token_id]
+    _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir)
 
 
 def test_the_sample_depends_on_the_rows_not_their_positions():
