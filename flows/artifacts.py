@@ -241,6 +241,12 @@ def packing_markdown(pack: StageResult, heading: str = "#") -> str:
 # -- publishing: Prefect's artifact API, inside a flow run --------------------------------------------
 
 
+def literal(text: str) -> str:
+    """Corpus text shown as it is in Markdown: its emphasis, code, link and HTML marks escaped
+    (`__init__` stays `__init__`, not a bold "init"); table pipes are `markdown_table`'s to escape."""
+    return re.sub(r"([\\`*_\[\]<>~])", r"\\\1", text)
+
+
 def spikes_markdown(spikes: list[dict[str, Any]], when: str | None = None) -> str:
     """The run's biggest loss jumps and the documents in their batches (`moai.trace.loss_spikes`);
     `when`: what the card is as of ("at the eval of step 400, while training")."""
@@ -257,7 +263,7 @@ def spikes_markdown(spikes: list[dict[str, Any]], when: str | None = None) -> st
                 "document": f"`{d['where']}`",
                 "source": d["source"],
                 "tokens": number(d["tokens"]),
-                "starts with": " ".join(d["preview"].split())[:60],
+                "starts with": literal(" ".join(d["preview"].split())[:60]),
             }
             for d in s["documents"]
         ]

@@ -127,6 +127,7 @@ def test_the_spikes_card_names_each_spikes_documents_by_file_and_row():
             "documents": [
                 {"source": "web", "where": "data/a.jsonl:17", "tokens": 1900, "preview": "zzzz\nzzzz | zz"},
                 {"source": "code", "where": "data/b.parquet:row 3", "tokens": 148, "preview": "def f(x):"},
+                {"source": "code", "where": "data/c.jsonl:2", "tokens": 90, "preview": "def __init__(self, *a): <b>"},
             ],
         }
     ]
@@ -134,4 +135,6 @@ def test_the_spikes_card_names_each_spikes_documents_by_file_and_row():
     assert "## Step 1,200: loss 7.5000 (+4.2500)" in md and "14 documents in the batch" in md
     assert "`data/a.jsonl:17`" in md and "`data/b.parquet:row 3`" in md and "1,900" in md
     assert "zzzz zzzz \\| zz" in md  # newlines folded, pipes escaped: one table row per document
+    # corpus text is shown as it is: no bold "init", no italics, no HTML from it
+    assert "def \\_\\_init\\_\\_(self, \\*a): \\<b\\>" in md
     assert "No logged loss yet" in artifacts.spikes_markdown([])
