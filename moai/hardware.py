@@ -58,6 +58,7 @@ class Plan:
     hardware: Hardware = field(repr=False)
     # (processes, threads each) when the engine is fastokens or gigatoken
     fast_engines: Decision = Decision((1, 1), "one process, one thread")
+    convert_workers: Decision = Decision(1, "convert's own thread")
 
     def rows(self) -> list[dict[str, str]]:
         """The plan as table rows (setting, value, reason), for printing and UI artifacts."""
@@ -70,6 +71,7 @@ class Plan:
             "memory_mode",
             "loader_workers",
             "fast_engines",
+            "convert_workers",
         ):
             d: Decision = getattr(self, name)
             out.append({"setting": name, "value": str(d.value), "reason": d.reason})
@@ -180,6 +182,8 @@ def _explicit(name: str, config_value: Any, env: dict[str, int]) -> Decision | N
     return None
 
 
+CONVERT_WORKERS_MIN_CORES = 4
+
 # Processes × threads. Small machines: one process per core, one thread each. Measured on 2 cores
 # (benchmarks/tokenize_breakdown.py, 64 MB of 1.6 KB instruction records, 32k BPE, cold, end to end
 # as a fraction of the raw ceiling, 3 interleaved rounds): tiktoken 2×1 2.06–2.49 against 1×2
@@ -250,7 +254,24 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
         lw = max(0, min(4, (hw.cores // per_gpu) - 1))
         loader = Decision(lw, f"{hw.cores} cores for {per_gpu} training process(es), one core kept for the step itself")
 
-    return Plan(num_proc, threads, batch, writer, memory_mode, loader, hardware=hw, fast_engines=fast)
+    if res.convert_workers is not None:
+        convert = Decision(res.convert_workers, "set in config (resources.convert_workers)")
+    elif hw.cores < CONVERT_WORKERS_MIN_CORES:
+        convert = Decision(
+            1,
+            f"{hw.cores} cores: convert parses in its own thread (on 2 cores, 2 worker processes took 1.1-1.2x "
+            "one thread's time on 601 MB of JSON lines: benchmarks/convert_workers.py)",
+        )
+    else:
+        convert = Decision(
+            hw.cores - 1,
+            f"{hw.cores} cores: JSON-lines files of 48 MB or more parsed by one process a core, but the one "
+            "where convert's thread reads, hashes and writes",
+        )
+
+    return Plan(
+        num_proc, threads, batch, writer, memory_mode, loader, hardware=hw, fast_engines=fast, convert_workers=convert
+    )
 
 
 # fastokens and gigatoken encode at hundreds of MB/s a core with their own thread pools: the

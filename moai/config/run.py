@@ -85,6 +85,9 @@ class ResourcesConfig(_Model):
     writer_batch_size: int | None = Field(None, ge=1)
     loader_workers: int | None = Field(None, ge=0)
     mem_budget_gb: float | None = Field(None, gt=0)
+    convert_workers: int | None = Field(
+        None, ge=1, description="Processes parsing large JSON-lines files in convert (None: one per core)."
+    )
 
 
 class RunnerConfig(_Model):

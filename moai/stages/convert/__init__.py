@@ -40,12 +40,13 @@ stream both hand their chunks through); this module is the stage: text from rows
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import string
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,8 @@ from moai.config import PipelineConfig, SourceConfig, template_fields
 from moai.errors import DataError
 from moai.formats.text import ORIGIN_FILES, ROW_BITS, text_batch, write_text_dataset
 from moai.report import timing
+from moai.stages.convert import parallel
+from moai.stages.convert.compressed import SourceFile
 from moai.stages.convert.fingerprint import (
     FileRead,
     check_read,
@@ -64,7 +67,17 @@ from moai.stages.convert.fingerprint import (
     remember,
 )
 from moai.stages.convert.read_ahead import ReadAhead
-from moai.stages.convert.readers import FORMATS, Rows, file_rows, format_of, hub_rows, load_hub, source_files
+from moai.stages.convert.readers import (
+    FORMATS,
+    Rows,
+    file_rows,
+    file_size,
+    format_of,
+    hub_rows,
+    in_pieces,
+    load_hub,
+    source_files,
+)
 
 __all__ = ["FORMATS", "NAME", "READS", "VERSION", "build", "convert", "settings", "source_files", "source_fingerprint"]
 
@@ -99,6 +112,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
         source_fp=ctx.inputs["source"],
         writer_batch_size=ctx.plan.writer_batch_size.value,
         max_shard_size=ctx.config.save.max_shard_size,
+        workers=ctx.plan.convert_workers.value,
     )
 
 
@@ -268,55 +282,92 @@ def _preview(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def kept_texts(
+    located: Iterator[tuple[int, str, dict[str, Any]]],
+    source: SourceConfig,
+    rows: Rows,
+    files: Sequence[str] | dict[int, str],
+    wheres: list[str | None] | dict[int, str | None],
+) -> Iterator[tuple[str, int]]:
+    """(text, origin) of each row that gives a text; the bad ones go to `rows`. `wheres[file]` is
+    set to the file's row template for origins.json ("{file}:{row}") at its first kept row."""
+    for file, where, row in located:
+        text = _text_of(row, source, rows, where)
+        if text is None or not _unicode(text, row, source, rows, where):
+            continue
+        rows.kept += 1
+        number = _ROW_NUMBER.search(where)
+        assert number is not None, where  # every reader's `where` ends in the row's number
+        if wheres[file] is None:
+            wheres[file] = "{file}" + where[len(files[file]) : number.start(1)] + "{row}" + where[number.end(1) :]
+        yield text, file << ROW_BITS | int(number.group(1))
+
+
 def convert(
-    source: SourceConfig, out_dir: Path, *, source_fp: str, writer_batch_size: int, max_shard_size: str
+    source: SourceConfig,
+    out_dir: Path,
+    *,
+    source_fp: str,
+    writer_batch_size: int,
+    max_shard_size: str,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Read every row of the source and write its text as a `save_to_disk` folder. Returns the report.
 
     `source_fp` is `source_fingerprint(source)` taken before (the key this output is stored under);
     local files that no longer match it raise `DataError` before the dataset is saved (so the
-    store publishes nothing).
+    store publishes nothing). `workers`: processes that parse large JSON-lines files (`parallel`;
+    the output is the same bytes with any number).
     """
     started = time.perf_counter()
     rows = Rows(source)
     read: list[FileRead] = []
-    located: Iterator[tuple[int, str, dict[str, Any]]]
     paths = [] if source.hub is not None else source_files(source)
     # the next remote objects' bytes fetched while one is parsed; parsed in order all the same
     ahead = ReadAhead(paths, source.num_parallel_reads)
-    if source.hub is not None:
-        located = ((0, *item) for item in hub_rows(source, rows, writer_batch_size))
-        files = [source.hub]
-    else:
-        files = [str(p) for p in paths]
-        located = (
-            (i, *item) for i, p in enumerate(paths) for item in file_rows(p, source, rows, read, ahead.stream(i))
-        )
+    files = [source.hub] if source.hub is not None else [str(p) for p in paths]
     wheres: list[str | None] = [None] * len(files)
+    pool = parallel.Workers(workers)
+
+    def in_parallel(path: SourceFile) -> bool:
+        return workers > 1 and format_of(path) == "jsonl" and file_size(path) >= parallel.MIN_PARALLEL_BYTES
+
+    def located(i: int, path: SourceFile) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        # a generator: the file is opened (a remote one's read-ahead taken) when its rows are wanted
+        for where, row in file_rows(path, source, rows, read, ahead.stream(i)):
+            yield i, where, row
 
     def batches() -> Iterator[pa.RecordBatch]:
-        buf: list[str] = []
-        origins: list[int] = []
-        for file, where, row in located:
-            text = _text_of(row, source, rows, where)
-            if text is None or not _unicode(text, row, source, rows, where):
+        cut = parallel.Rebatcher(writer_batch_size)
+        sequential: list[Iterator[tuple[int, str, dict[str, Any]]]]
+        if source.hub is not None:
+            sequential = [((0, *item) for item in hub_rows(source, rows, writer_batch_size))]
+        else:
+            sequential = [located(i, p) for i, p in enumerate(paths)]
+        for i, rows_of in enumerate(sequential):
+            if source.hub is None and in_parallel(paths[i]):
+                pieces = in_pieces(paths[i], read, parallel.PIECE_BYTES, ahead.stream(i))
+                for piece in pool.parsed(pieces, files[i], i, source):
+                    parallel.take(piece, rows)
+                    if wheres[i] is None:
+                        wheres[i] = piece.where
+                    yield from cut.add(piece.batch)
                 continue
-            rows.kept += 1
-            buf.append(text)
-            number = _ROW_NUMBER.search(where)
-            assert number is not None, where  # every reader's `where` ends in the row's number
-            origins.append(file << ROW_BITS | int(number.group(1)))
-            if wheres[file] is None:
-                wheres[file] = "{file}" + where[len(files[file]) : number.start(1)] + "{row}" + where[number.end(1) :]
-            if len(buf) >= writer_batch_size:
-                yield text_batch(buf, origins)
-                buf, origins = [], []
+            texts: list[str] = []
+            origins: list[int] = []
+            for text, origin in kept_texts(rows_of, source, rows, files, wheres):
+                texts.append(text)
+                origins.append(origin)
+                if len(texts) == writer_batch_size:
+                    yield from cut.add(text_batch(texts, origins))
+                    texts, origins = [], []
+            if texts:
+                yield from cut.add(text_batch(texts, origins))
         if source.hub is None:  # the `datasets` fingerprint of a hub dataset is its own affair
             check_read(source, source_fp, read)
-        if buf:
-            yield text_batch(buf, origins)
+        yield from cut.flush()
 
-    with ahead:
+    with ahead, contextlib.closing(pool):
         rows_out = write_text_dataset(batches(), out_dir, max_shard_size)
     (out_dir / ORIGIN_FILES).write_text(json.dumps({"files": files, "where": wheres}))
     if rows_out == 0:  # raised inside the build: the store publishes nothing
@@ -326,6 +377,7 @@ def convert(
         "rows_out": rows_out,
         "dropped": dict(rows.dropped),
         "files": len(files),
+        **({"workers": workers} if any(in_parallel(p) for p in paths) else {}),
         **(
             {"seconds": round(time.perf_counter() - started, 3)}  # a hub dataset's bytes are not counted
             if source.hub is not None

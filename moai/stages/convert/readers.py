@@ -155,8 +155,9 @@ def _loads(line: str) -> Any:
         return json.loads(line)
 
 
-def _json_lines(f: BinaryIO, path: SourceFile, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
-    for lineno, raw in enumerate(f, 1):
+def json_lines(f: BinaryIO, path: SourceFile | str, rows: Rows, first: int = 1) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The objects of JSON lines; `first`: the number of the first line (a piece of a file, `parallel`)."""
+    for lineno, raw in enumerate(f, first):
         where = f"{path}:{lineno}"
         try:
             line = raw.decode("utf-8")
@@ -181,7 +182,7 @@ def _json_lines(f: BinaryIO, path: SourceFile, rows: Rows) -> Iterator[tuple[str
 def _json_file(f: io.BufferedReader[Any], path: SourceFile, rows: Rows) -> Iterator[tuple[str, dict[str, Any]]]:
     head = f.peek(4096)[:4096].lstrip()  # peek: the bytes stay in the stream, read (and hashed) once
     if not head.startswith(b"["):
-        yield from _json_lines(f, path, rows)
+        yield from json_lines(f, path, rows)
         return
     try:
         items = json.loads(f.read().decode("utf-8"))
@@ -310,6 +311,42 @@ def _txt_rows(f: BinaryIO, path: SourceFile, source: SourceConfig, rows: Rows) -
         yield f"{path}:{i + 1}", {"text": piece}
 
 
+@contextlib.contextmanager
+def _opened(path: SourceFile, read: list[FileRead], fetched: io.RawIOBase | None) -> Iterator[io.BufferedReader[Any]]:
+    """A text file's bytes as the parser reads them: hashed as they are read, decompressed if they
+    are compressed (by name or by magic number); once the parser is done, the rest of the file is
+    read and hashed too and what was read of it is appended to `read`."""
+    with contextlib.ExitStack() as stack:
+        raw = stack.enter_context(HashingReader(path, fetched))
+        # peekable compressed bytes: the magic number is looked at without a second read of the file
+        stored = stack.enter_context(io.BufferedReader(raw, CHUNK_BYTES))
+        codec = codec_of(path, stored.peek(HEAD_BYTES)[:HEAD_BYTES])
+        if codec is not None and codec_of_name(path) is None:
+            log.info("%s: its bytes are %s-compressed: reading it decompressed", path, codec)
+        f: io.BufferedReader[Any] = stored
+        if codec is not None:
+            decompressed = stack.enter_context(decompressing(stored, codec))
+            if codec in ("zstd", "gzip") and file_size(path) >= AHEAD_MIN_BYTES:
+                # on another core while this one parses; the buffer is small: the thread's chunks hold the rest
+                f = stack.enter_context(
+                    io.BufferedReader(stack.enter_context(DecompressedAhead(decompressed)), 1 << 20)
+                )
+            else:
+                f = stack.enter_context(io.BufferedReader(decompressed, CHUNK_BYTES))
+        try:
+            yield f
+        except decompress_errors() as err:
+            if codec is None:
+                raise
+            raise corrupt(path, codec, err) from None
+        # Every reader reads to the end of what it parses; had one stopped early, the digest would
+        # not match and convert would refuse to publish rather than trust it. A decompressor may
+        # stop at the end of its last frame: the bytes after it are read and hashed too.
+        while stored.read(CHUNK_BYTES):
+            pass
+        read.append(raw.digest.of(path) if isinstance(path, Path) else object_read(path, raw.digest))
+
+
 def file_rows(
     path: SourceFile,
     source: SourceConfig,
@@ -323,38 +360,32 @@ def file_rows(
     if kind == "parquet":
         yield from _parquet_rows(path, source, rows, read)
         return
-    with contextlib.ExitStack() as stack:
-        raw = stack.enter_context(HashingReader(path, fetched))
-        # peekable compressed bytes: the magic number is looked at without a second read of the file
-        stored = stack.enter_context(io.BufferedReader(raw, CHUNK_BYTES))
-        codec = codec_of(path, stored.peek(HEAD_BYTES)[:HEAD_BYTES])
-        if codec is not None and codec_of_name(path) is None:
-            log.info("%s: its bytes are %s-compressed: reading it decompressed", path, codec)
-        f: io.BufferedReader[Any] = stored
-        if codec is not None:
-            decompressed = stack.enter_context(decompressing(stored, codec))
-            if codec in ("zstd", "gzip") and _size(path) >= AHEAD_MIN_BYTES:
-                # on another core while this one parses; the buffer is small: the thread's chunks hold the rest
-                f = stack.enter_context(
-                    io.BufferedReader(stack.enter_context(DecompressedAhead(decompressed)), 1 << 20)
-                )
-            else:
-                f = stack.enter_context(io.BufferedReader(decompressed, CHUNK_BYTES))
-        try:
-            yield from _stream_rows(f, kind, path, source, rows)
-        except decompress_errors() as err:
-            if codec is None:
-                raise
-            raise corrupt(path, codec, err) from None
-        # Every reader reads to the end of what it parses; had one stopped early, the digest would
-        # not match and convert would refuse to publish rather than trust it. A decompressor may
-        # stop at the end of its last frame: the bytes after it are read and hashed too.
-        while stored.read(CHUNK_BYTES):
-            pass
-        read.append(raw.digest.of(path) if isinstance(path, Path) else object_read(path, raw.digest))
+    with _opened(path, read, fetched) as f:
+        yield from _stream_rows(f, kind, path, source, rows)
 
 
-def _size(path: SourceFile) -> int:
+def in_pieces(
+    path: SourceFile, read: list[FileRead], piece_bytes: int, fetched: io.RawIOBase | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """A JSON-lines file as (number of the first line, bytes) pieces of about `piece_bytes`, each
+    ending at a line end (the last one where the file ends), read as `file_rows` reads it."""
+    line = 1
+    with _opened(path, read, fetched) as f:
+        rest = b""
+        while block := f.read(piece_bytes):
+            end = block.rfind(b"\n") + 1
+            if not end:  # no line end in it: a line longer than a piece
+                rest += block
+                continue
+            piece = rest + block[:end] if rest else block[:end]
+            rest = block[end:]
+            yield line, piece
+            line += piece.count(b"\n")
+        if rest:
+            yield line, rest
+
+
+def file_size(path: SourceFile) -> int:
     return path.stat().st_size if isinstance(path, Path) else path.size
 
 
@@ -362,7 +393,7 @@ def _stream_rows(
     f: io.BufferedReader[Any], kind: str, path: SourceFile, source: SourceConfig, rows: Rows
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     if kind == "jsonl":
-        yield from _json_lines(f, path, rows)
+        yield from json_lines(f, path, rows)
     elif kind == "json":
         yield from _json_file(f, path, rows)
     elif kind == "txt":
