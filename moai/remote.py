@@ -114,13 +114,14 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
 def _new_filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
     import fsspec
 
+    if protocol in ("gs", "gcs"):
+        # gcsfs logs a request out of retries (ERROR, with its traceback) before raising the error that
+        # moai makes its one line: the CLI showed three `moai: error:` lines for one unreachable endpoint
+        _quiet(("gcsfs",), logging.CRITICAL)
     if protocol in ("s3", "s3a"):
         # "Found credentials in environment variables.", at INFO, once per client (a stage each):
-        # noise in the stage table; `-v` (DEBUG) still shows it
-        for name in ("aiobotocore.credentials", "botocore.credentials"):
-            quiet = logging.getLogger(name)
-            if quiet.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
-                quiet.setLevel(logging.WARNING)
+        # noise in the stage table
+        _quiet(("aiobotocore.credentials", "botocore.credentials"), logging.WARNING)
         # listings are read fresh: a cached one would hide an object changed since (its ETag), or
         # another machine's upload to the remote cache, from this long-lived client
         options.setdefault("use_listings_cache", False)
@@ -150,6 +151,14 @@ def _new_filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
     return fs
 
 
+def _quiet(names: tuple[str, ...], level: int) -> None:
+    """These loggers at `level`, unless set already or `-v` (DEBUG) asks for everything."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
+            logger.setLevel(level)
+
+
 def explain(url: str, err: BaseException, doing: str = "read", options: str = "storage_options") -> MoaiError:
     """One line for a failed request on `url`: what the server said, and the fix."""
     text = f"{type(err).__name__}: {err}".replace("\n", " ")
@@ -175,7 +184,11 @@ def explain(url: str, err: BaseException, doing: str = "read", options: str = "s
             f"access denied ({_short(text)}): check the credentials in the environment (AWS_ACCESS_KEY_ID, "
             f"AWS_SECRET_ACCESS_KEY, AWS_PROFILE) and that they may {doing} this bucket"
         )
-    elif "could not connect" in low or ("connect" in low and ("refused" in low or "timeout" in low)):
+    elif (
+        "could not connect" in low
+        or "cannot connect to host" in low  # aiohttp's, under gcsfs
+        or ("connect" in low and ("refused" in low or "timeout" in low))
+    ):
         fix = (
             f"cannot reach the endpoint ({_short(text)}): check {options}.endpoint_url and that the "
             "server is up and reachable from this machine"
