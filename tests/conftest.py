@@ -8,7 +8,9 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -326,16 +328,23 @@ def assert_units_match_local(tmp_path: Path, cache: str, local: dict, result: di
     assert result["stages"]["dedup"]["dropped"] == dropped and dropped["exact_duplicate"] > 0
 
 
-@pytest.fixture(scope="session")
-def s3_server():
-    """A real S3 server (SeaweedFS on loopback, tests/s3_server.py) for the session's S3 tests; stopped by pid."""
-    from s3_server import remove, started_server
+def serving(server):
+    """Yields a started test server (tests/s3_server.py, tests/gcs_server.py), then stops it by pid and
+    removes its folder."""
+    from s3_server import remove
 
-    server = started_server()
     try:
         yield server
     finally:
         remove(server)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server (SeaweedFS on loopback, tests/s3_server.py) for the session's S3 tests; stopped by pid."""
+    from s3_server import started_server
+
+    yield from serving(started_server())
 
 
 @pytest.fixture
@@ -346,3 +355,39 @@ def s3_bucket(s3_server, monkeypatch):
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return new_bucket(s3_server)
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A real GCS server (fake-gcs-server on loopback, tests/gcs_server.py) for the session; stopped by pid."""
+    from gcs_server import started_server
+
+    yield from serving(started_server())
+
+
+@dataclass
+class Bucket:
+    """A new bucket on one of the session's object-store servers, for the tests that run on both
+    (`s3://` on SeaweedFS, `gs://` on fake-gcs-server)."""
+
+    scheme: str
+    name: str
+    server: Any  # S3Server or GCSServer: .fs(), .options (moai's storage_options), .env()
+
+    def url(self, path: str) -> str:
+        return f"{self.scheme}://{self.name}/{path}"
+
+    @property
+    def options(self) -> dict:
+        return self.server.options
+
+
+@pytest.fixture(params=["s3", "gs"])
+def bucket(request) -> Bucket:
+    """A new bucket on the S3 server (its credentials in the environment), then on the GCS server."""
+    if request.param == "s3":
+        return Bucket("s3", request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_server"))
+    from s3_server import new_bucket
+
+    server = request.getfixturevalue("gcs_server")
+    return Bucket("gs", new_bucket(server), server)

@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, TypeVar
 
 import pytest
 
@@ -65,16 +66,59 @@ def _free_ports(n: int) -> list[int]:
 
 
 @dataclass
-class S3Server:
+class ServerProcess:
+    """A test server's process (S3Server here, GCSServer in gcs_server.py): started in a session of its
+    own, its output in `folder/log_name`, stopped by its pid."""
+
     folder: Path
+    process: subprocess.Popen | None = None
+    log_name: ClassVar[str] = "server.log"
+
+    def start(self) -> None:
+        """Start the server and return once it serves (or fail the test, with its log)."""
+        raise NotImplementedError
+
+    def _spawn(self, cmd: list[str]) -> None:
+        log = open(self.folder / self.log_name, "ab")  # noqa: SIM115 (the server writes it until stopped)
+        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def stop(self, timeout_s: float = 3.0) -> None:
+        """SIGTERM by pid, then SIGKILL after `timeout_s`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL by pid: the server dies as a machine would, mid-request."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def logs(self) -> str:
+        path = self.folder / self.log_name
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
+@dataclass
+class S3Server(ServerProcess):
     key: str = "moai-test"
     secret: str = field(default_factory=lambda: "moai-secret-" + secrets.token_hex(8))
     ports: dict[str, int] = field(default_factory=lambda: dict(zip(PORTS, _free_ports(len(PORTS)), strict=True)))
-    process: subprocess.Popen | None = None
+    log_name: ClassVar[str] = "weed.log"
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.ports['s3']}"
+
+    @property
+    def options(self) -> dict:
+        """moai's storage_options for this server: its endpoint, nothing secret."""
+        return {"endpoint_url": self.endpoint}
 
     def env(self) -> dict[str, str]:
         """The credentials as a user's environment holds them (never in a config)."""
@@ -131,9 +175,7 @@ class S3Server:
             f"-filer.port={p['filer']}",
             f"-filer.port.grpc={p['filer_grpc']}",
         ]
-        log = open(self.folder / "weed.log", "ab")  # noqa: SIM115 (the server writes it until stopped)
-        self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        self._spawn(cmd)
         self._wait_ready(timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -163,39 +205,28 @@ class S3Server:
         self.stop()
         pytest.fail(f"weed server did not serve S3 within {timeout_s:.0f} s ({last}):\n{self.logs()}")
 
-    def stop(self, timeout_s: float = 3.0) -> None:
-        """SIGTERM by pid, then SIGKILL after `timeout_s`."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
 
-    def kill(self) -> None:
-        """SIGKILL by pid: the server dies as a machine would, mid-request."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
-
-    def logs(self) -> str:
-        path = self.folder / "weed.log"
-        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+Server = TypeVar("Server", bound=ServerProcess)
 
 
-def started_server() -> S3Server:
-    server = S3Server(Path(tempfile.mkdtemp(prefix="moai-s3-")))
+def started(kind: type[Server], prefix: str) -> Server:
+    """A server of `kind` started on a new temporary folder."""
+    server = kind(Path(tempfile.mkdtemp(prefix=prefix)))
     server.start()
     return server
 
 
-def remove(server: S3Server) -> None:
+def started_server() -> S3Server:
+    return started(S3Server, "moai-s3-")
+
+
+def remove(server: ServerProcess) -> None:
     server.stop()
     shutil.rmtree(server.folder, ignore_errors=True)
 
 
-def new_bucket(server: S3Server) -> str:
+def new_bucket(server) -> str:
+    """A new bucket on `server` (S3Server or GCSServer)."""
     name = f"moai-{secrets.token_hex(4)}"
     server.fs().mkdir(name)
     return name

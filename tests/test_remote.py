@@ -1,8 +1,10 @@
-"""Sources in object storage, against a real S3 server (SeaweedFS on loopback, tests/s3_server.py):
+"""Sources in object storage, against a real S3 server (SeaweedFS on loopback, tests/s3_server.py) and,
+where a test takes `bucket`, a real GCS server too (fake-gcs-server on loopback, tests/gcs_server.py):
 the same documents and tokens as the local files, fingerprints from the listing, a changed object
 refused, credentials only from the environment and never written down, and failures in seconds."""
 
 import gzip
+import hashlib
 import json
 import re
 import time
@@ -20,7 +22,7 @@ from moai.formats.text import open_text
 from moai.remote import is_url, secret_keys
 from moai.stages.convert import convert, source_files, source_fingerprint
 
-pytestmark = pytest.mark.slow  # a real S3 server (started once a session)
+pytestmark = pytest.mark.slow  # real S3 and GCS servers (started once a session)
 
 
 def shards(tmp_path, n=3, per=400):
@@ -34,8 +36,8 @@ def shards(tmp_path, n=3, per=400):
     return plain
 
 
-def upload(s3_server, bucket, files, prefix, compress=None):
-    fs = s3_server.fs()
+def upload(bucket, files, prefix, compress=None):
+    fs = bucket.server.fs()
     for f in files:
         data = f.read_bytes()
         name = f.name
@@ -43,11 +45,12 @@ def upload(s3_server, bucket, files, prefix, compress=None):
             data, name = zstandard.ZstdCompressor().compress(data), name + ".zst"
         elif compress == "gz":
             data, name = gzip.compress(data), name + ".gz"
-        fs.pipe(f"{bucket}/{prefix}/{name}", data)
+        fs.pipe(f"{bucket.name}/{prefix}/{name}", data)
 
 
-def src(path, s3_server=None, **kw):
-    options = {"storage_options": {"endpoint_url": s3_server.endpoint}} if s3_server else {}
+def src(path, server=None, **kw):
+    """The source of `path`, with the storage_options of `server` (a test server or a `bucket`)."""
+    options = {"storage_options": server.options} if server else {}
     return parse_config({"source": {"path": str(path), **options, **kw}, "tokenizer": {"path": "t"}}).source
 
 
@@ -58,16 +61,14 @@ def texts_of(source, out, source_fp=None):
     return open_text(out)["text"]
 
 
-def test_a_glob_of_compressed_shards_in_s3_gives_the_local_documents(tmp_path, s3_server, s3_bucket):
+def test_a_glob_of_compressed_shards_in_a_bucket_gives_the_local_documents(tmp_path, bucket):
     plain = shards(tmp_path)
-    upload(s3_server, s3_bucket, plain, "zst", compress="zst")
-    upload(s3_server, s3_bucket, plain, "gz", compress="gz")
+    upload(bucket, plain, "zst", compress="zst")
+    upload(bucket, plain, "gz", compress="gz")
     local = texts_of(src(tmp_path / "plain" / "*.jsonl"), tmp_path / "local")
     for codec in ("zst", "gz"):
-        remote = src(f"s3://{s3_bucket}/{codec}/*.jsonl.{codec}", s3_server)
-        assert [str(o) for o in source_files(remote)] == [
-            f"s3://{s3_bucket}/{codec}/s{i}.jsonl.{codec}" for i in range(3)
-        ]
+        remote = src(bucket.url(f"{codec}/*.jsonl.{codec}"), bucket)
+        assert [str(o) for o in source_files(remote)] == [bucket.url(f"{codec}/s{i}.jsonl.{codec}") for i in range(3)]
         assert texts_of(remote, tmp_path / f"out-{codec}") == local
 
 
@@ -78,27 +79,29 @@ def test_parquet_in_s3(tmp_path, s3_server, s3_bucket):
     assert texts_of(src(f"s3://{s3_bucket}/p/*.parquet", s3_server), tmp_path / "out") == texts
 
 
-def test_the_fingerprint_is_the_listings_and_an_object_changed_before_reading_is_refused(
-    tmp_path, s3_server, s3_bucket
-):
-    fs = s3_server.fs()
-    fs.pipe(f"{s3_bucket}/c/a.jsonl", b'{"text": "before"}\n')
-    source = src(f"s3://{s3_bucket}/c/a.jsonl", s3_server)
+def test_the_fingerprint_is_the_listings_and_an_object_changed_before_reading_is_refused(tmp_path, bucket):
+    fs = bucket.server.fs()
+    fs.pipe(f"{bucket.name}/c/a.jsonl", b'{"text": "before"}\n')
+    source = src(bucket.url("c/a.jsonl"), bucket)
     fp = source_fingerprint(source)
     assert fp == source_fingerprint(source)  # listed again, unchanged: the same key
-    fs.pipe(f"{s3_bucket}/c/a.jsonl", b'{"text": "after!"}\n')  # same size, other bytes and ETag
+    # the listing's MD5 (S3: a single-part ETag; GCS: md5Hash), which the bytes read are checked against
+    (obj,) = source_files(source)
+    assert obj.md5() == hashlib.md5(b'{"text": "before"}\n').hexdigest()
+    fs.pipe(f"{bucket.name}/c/a.jsonl", b'{"text": "after!"}\n')  # same size, other bytes, ETag and generation
     assert source_fingerprint(source) != fp
-    with pytest.raises(DataError, match=rf"s3://{s3_bucket}/c/a\.jsonl changed while convert was reading it"):
+    url = re.escape(bucket.url("c/a.jsonl"))
+    with pytest.raises(DataError, match=rf"{url} changed while convert was reading it"):
         texts_of(source, tmp_path / "out", source_fp=fp)
 
 
-def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3_server, s3_bucket, tokenizer_dir):
+def test_prepare_from_a_bucket_writes_the_local_token_store_and_no_secret(tmp_path, bucket, tokenizer_dir):
     plain = shards(tmp_path)
-    upload(s3_server, s3_bucket, plain, "corpus", compress="zst")
+    upload(bucket, plain, "corpus", compress="zst")
     tok = {"path": str(tokenizer_dir)}
     local_cfg = config_dict(tmp_path, tmp_path / "plain" / "*.jsonl", tok, cache_dir=str(tmp_path / "local"))
-    remote_cfg = config_dict(tmp_path, f"s3://{s3_bucket}/corpus/*.jsonl.zst", tok, cache_dir=str(tmp_path / "remote"))
-    remote_cfg["source"]["storage_options"] = {"endpoint_url": s3_server.endpoint}
+    remote_cfg = config_dict(tmp_path, bucket.url("corpus/*.jsonl.zst"), tok, cache_dir=str(tmp_path / "remote"))
+    remote_cfg["source"]["storage_options"] = bucket.options
     # one object at a time (the default fetches 4 at once): the same token store, byte for byte
     one_cfg = {
         **remote_cfg,
@@ -108,7 +111,7 @@ def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3
     outputs = []
     for name, cfg in (("local", local_cfg), ("remote", remote_cfg), ("one", one_cfg)):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
-        run = moai_cli("prepare", f"{name}.yaml", "-v", cwd=tmp_path, env=s3_server.env())
+        run = moai_cli("prepare", f"{name}.yaml", "-v", cwd=tmp_path, env=bucket.server.env())
         assert run.returncode == 0, run.stderr[-3000:]
         outputs.append(run.stdout + run.stderr)
     # the same ids, boundaries and rows; only where the rows came from (origins.json) names other files
@@ -118,11 +121,12 @@ def test_prepare_from_s3_writes_the_local_token_store_and_no_secret(tmp_path, s3
     assert len(local_tokens) > 1 and local_tokens == sorted(v for p, v in remote.items() if p.name != "origins.json")
     assert store_files(tmp_path / "one" / "tokenize") == remote
     (origins,) = [json.loads(v) for p, v in remote.items() if p.name == "origins.json"]
-    assert origins["files"] == [f"s3://{s3_bucket}/corpus/s{i}.jsonl.zst" for i in range(3)]
-    secret = s3_server.secret.encode()
-    written = [p for p in (tmp_path / "remote").rglob("*") if p.is_file() and secret in p.read_bytes()]
-    assert written == [] and s3_server.secret not in outputs[1]
-    assert s3_server.secret not in (tmp_path / "remote.yaml").read_text()
+    assert origins["files"] == [bucket.url(f"corpus/s{i}.jsonl.zst") for i in range(3)]
+    if bucket.scheme == "s3":  # the GCS emulator takes no credentials: nothing secret to look for
+        secret = bucket.server.secret.encode()
+        written = [p for p in (tmp_path / "remote").rglob("*") if p.is_file() and secret in p.read_bytes()]
+        assert written == [] and bucket.server.secret not in outputs[1]
+        assert bucket.server.secret not in (tmp_path / "remote.yaml").read_text()
 
 
 def test_credentials_in_a_config_are_refused():
@@ -133,6 +137,9 @@ def test_credentials_in_a_config_are_refused():
     assert secret_keys({"client_kwargs": {"aws_secret_access_key": "s"}}, "o") == [
         "o.client_kwargs.aws_secret_access_key"
     ]
+    # gcsfs's `token: anon` (no credentials: a public bucket, an emulator) is no secret; any other token is
+    assert secret_keys({"token": "anon", "endpoint_url": "http://127.0.0.1:4443"}, "o") == []
+    assert secret_keys({"token": "ya29.a0AfH6"}, "o") == ["o.token"]
     assert is_url("s3://b/k") and is_url("gs://b/k") and not is_url("/data/x.jsonl") and not is_url("file:///x")
 
 
@@ -165,6 +172,15 @@ def test_wrong_credentials_a_missing_bucket_and_no_server_are_one_line_in_second
         }
     ).source
     one_line_in_seconds(gone, r"cannot reach the endpoint .*check storage_options\.endpoint_url")
+
+
+def test_a_missing_gcs_bucket_is_one_line_in_seconds(gcs_server):
+    for missing in ("gs://no-such-bucket/k/a.jsonl", "gs://no-such-bucket/k/*.jsonl"):
+        line = one_line_in_seconds(
+            src(missing, gcs_server),
+            r"the bucket does not exist: create it \(gcloud storage buckets create gs://no-such",
+        )
+        assert line.startswith(f"cannot read {missing}: ")
 
 
 def test_json_of_the_listing_is_stable(tmp_path, s3_server, s3_bucket):

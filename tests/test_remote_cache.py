@@ -1,4 +1,5 @@
-"""The remote cache against a real S3 server (SeaweedFS on loopback, tests/s3_server.py): two
+"""The remote cache against a real S3 server (SeaweedFS on loopback, tests/s3_server.py) and, where a
+test takes `bucket` or names gs://, a real GCS server (fake-gcs-server on loopback, tests/gcs_server.py): two
 machines (two cache folders) share every stage by key, uploads put the manifest last so a server
 killed mid-upload leaves nothing visible, a corrupted remote object is refused on pull, and a
 wrong key, a missing bucket or no server is one `moai: error:` line in seconds."""
@@ -17,15 +18,16 @@ from moai.errors import CacheError, MoaiError
 from moai.remote import _new_filesystem
 from moai.remote_cache import RemoteCache, remote_of
 
-pytestmark = pytest.mark.slow  # a real S3 server (started once a session)
+pytestmark = pytest.mark.slow  # real S3 and GCS servers (started once a session)
 
 
-def machine(tmp_path, name, corpus, tokenizer_dir, remote_url, s3_server):
-    """The config of one machine: its own cache folder, the shared remote cache."""
+def machine(tmp_path, name, corpus, tokenizer_dir, remote_url, server):
+    """The config of one machine: its own cache folder, the shared remote cache on `server` (a test
+    server or a `bucket`)."""
     cfg = config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}, cache_dir=str(tmp_path / name))
     if remote_url is not None:
         cfg["remote_cache"] = remote_url
-        cfg["remote_cache_options"] = {"endpoint_url": s3_server.endpoint}
+        cfg["remote_cache_options"] = server.options
     return cfg
 
 
@@ -34,23 +36,23 @@ def corpus(tmp_path):
     return write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(1200, seed=21)])
 
 
-def test_two_machines_share_every_stage_by_key(tmp_path, corpus, tokenizer_dir, s3_server, s3_bucket):
-    url = f"s3://{s3_bucket}/cache"
-    a = parse_config(machine(tmp_path, "a", corpus, tokenizer_dir, url, s3_server))
+def test_two_machines_share_every_stage_by_key(tmp_path, corpus, tokenizer_dir, bucket):
+    url = bucket.url("cache")
+    a = parse_config(machine(tmp_path, "a", corpus, tokenizer_dir, url, bucket))
     built = pipeline.walk(a)
     assert all(r.built for r in built.values())
     remote = remote_of(a)
     assert remote is not None
     assert {e.key for e in remote.entries()} == {r.key for r in built.values()}  # every stage uploaded
 
-    b = parse_config(machine(tmp_path, "b", corpus, tokenizer_dir, url, s3_server))
+    b = parse_config(machine(tmp_path, "b", corpus, tokenizer_dir, url, bucket))
     pulled = pipeline.walk(b)
     assert not any(r.built for r in pulled.values())  # every stage came from the remote
     assert store_files(tmp_path / "a" / "tokenize") == store_files(tmp_path / "b" / "tokenize")
     assert store_files(tmp_path / "a" / "pack") == store_files(tmp_path / "b" / "pack")
 
     # builds are deterministic: a third machine without the remote builds the same files, stage by stage
-    c = parse_config(machine(tmp_path, "c", corpus, tokenizer_dir, None, s3_server))
+    c = parse_config(machine(tmp_path, "c", corpus, tokenizer_dir, None, bucket))
     assert all(r.built for r in pipeline.walk(c).values())
     for stage in sorted({Path(r.path).parent.name for r in built.values()}):
         assert store_files(tmp_path / "c" / stage) == store_files(tmp_path / "a" / stage), stage
@@ -114,24 +116,27 @@ def test_a_corrupted_remote_object_is_refused_on_pull(tmp_path, corpus, tokenize
     assert not [p for p in convert_dir.iterdir() if p.name == entry.key or p.name.startswith(".tmp")]
 
 
-def test_remote_faults_are_one_line_in_seconds(tmp_path, corpus, tokenizer_dir, s3_server, s3_bucket):
+def test_remote_faults_are_one_line_in_seconds(tmp_path, corpus, tokenizer_dir, s3_server, s3_bucket, gcs_server):
     from s3_server import _free_ports
 
     (closed,) = _free_ports(1)
+    s3 = s3_server.options
     cases = {
-        "wrong-key": (f"s3://{s3_bucket}/c", s3_server.endpoint, {**s3_server.env(), "AWS_SECRET_ACCESS_KEY": "no"}),
-        "no-bucket": (f"s3://nothing-{s3_bucket}/c", s3_server.endpoint, s3_server.env()),
-        "no-server": (f"s3://{s3_bucket}/c", f"http://127.0.0.1:{closed}", s3_server.env()),
+        "wrong-key": (f"s3://{s3_bucket}/c", s3, {**s3_server.env(), "AWS_SECRET_ACCESS_KEY": "no"}),
+        "no-bucket": (f"s3://nothing-{s3_bucket}/c", s3, s3_server.env()),
+        "no-server": (f"s3://{s3_bucket}/c", {"endpoint_url": f"http://127.0.0.1:{closed}"}, s3_server.env()),
+        "gs-no-bucket": (f"gs://nothing-{s3_bucket}/c", gcs_server.options, {}),
     }
     expected = {
         "wrong-key": "access denied",
         "no-bucket": f"the bucket nothing-{s3_bucket} does not exist: create it",
         "no-server": "cannot reach the endpoint",  # and the setting to check:
         "no-server-fix": "check remote_cache_options.endpoint_url",
+        "gs-no-bucket": f"does not exist: create it (gcloud storage buckets create gs://nothing-{s3_bucket})",
     }
-    for name, (url, endpoint, env) in cases.items():
+    for name, (url, options, env) in cases.items():
         cfg = machine(tmp_path, name, corpus, tokenizer_dir, url, s3_server)
-        cfg["remote_cache_options"] = {"endpoint_url": endpoint}
+        cfg["remote_cache_options"] = options
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
         started = time.monotonic()
         run = moai_cli("cache", "list", f"{name}.yaml", "--remote", cwd=tmp_path, env=env)
