@@ -3,11 +3,11 @@
 # scientific stack (the lent 16-core GPU machine; Python 3.12):
 #   1. the corpus: --records instruction records cut from that machine's own source files and docs
 #      (benchmarks/make_corpus.py; 1,600 bytes each), in RAM (/dev/shm);
-#   2. benchmarks/prepare_e2e.py on it: a cold `moai prepare` (the plan's split and each of SPLITS)
-#      against the raw engines on the same texts, all cores;
-#   3. benchmarks/convert_workers.py on it: convert alone, one thread against CONVERT_WORKERS processes;
-#   4. a cold `moai prepare` of the corpus repeated REPEAT times (10 GB with the defaults), its
-#      stages' seconds and the prepare process's peak RSS.
+#   2. a cold `moai prepare` of the corpus repeated REPEAT times (10 GB with the defaults), its
+#      stages' seconds and the prepare process's peak RSS;
+#   3. benchmarks/convert_workers.py on the corpus: convert alone, one thread against CONVERT_WORKERS processes;
+#   4. benchmarks/prepare_e2e.py on it: a cold `moai prepare` (the plan's split and each of SPLITS)
+#      against the raw engines on the same texts, all cores.
 # Here, first (what travels: .whl with the wheels and the tokenizer, under the 64 MiB a call carries):
 #   bash benchmarks/device_wheels.sh --pyarrow
 #   tar -C bench -cf - tok-tekken | xz -T0 > .whl/tokenizer.tar.xz     # a Llama-3-style tokenizer.json
@@ -39,23 +39,8 @@ free -g | tee -a "$OUT/log.txt"; df -h / /dev/shm | tee -a "$OUT/log.txt"
 say "corpus: $RECORDS records"
 python3 benchmarks/make_corpus.py --out "$W/corpus.jsonl" --records "$RECORDS" 2>&1 | tee -a "$OUT/log.txt"
 
-say "prepare_e2e"
-# shellcheck disable=SC2086
-timeout 300 python3 benchmarks/prepare_e2e.py --corpus "$W/corpus.jsonl" --tokenizer "$TOK" \
-  --text-template "$TEMPLATE" --raw fastokens gigatoken --encode-files --splits $SPLITS --work "$W/e2e" \
-  > "$OUT/e2e.md" 2> "$OUT/e2e.err"
-say "prepare_e2e exit $?"; cat "$OUT/e2e.md"; tail -n 20 "$OUT/e2e.err"
-rm -rf "$W/e2e"
-
-say "convert_workers"
-# shellcheck disable=SC2086
-timeout 200 python3 benchmarks/convert_workers.py --corpus "$W/corpus.jsonl" --text-template "$TEMPLATE" \
-  --workers ${CONVERT_WORKERS:-1 4 8 $(( $(nproc) - 1 ))} --work "$W/convert" > "$OUT/convert.md" 2> "$OUT/convert.err"
-say "convert_workers exit $?"; cat "$OUT/convert.md"; tail -n 5 "$OUT/convert.err"
-
 say "big corpus: $REPEAT times"
 for _ in $(seq "$REPEAT"); do cat "$W/corpus.jsonl"; done > "$W/big.jsonl"
-rm "$W/corpus.jsonl"
 ls -la "$W/big.jsonl" | tee -a "$OUT/log.txt"
 size_gb=$(( $(stat -c %s "$W/big.jsonl") / 1000000000 + 1 ))
 # the store holds ~4.5x the JSONL (convert, filter, save, tokens): on disk when it has room
@@ -65,7 +50,7 @@ printf '{"cache_dir": "%s", "source": {"path": "%s", "text_template": %s}, "toke
   "$cache" "$W/big.jsonl" "$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$TEMPLATE")" "$TOK" > "$W/big.json"
 say "cold moai prepare of the big corpus (cache in $cache)"
 start=$(date +%s.%N)
-timeout 400 python3 -m moai.cli prepare "$W/big.json" > "$OUT/big.out" 2> "$OUT/big.err"
+timeout 300 python3 -m moai.cli prepare "$W/big.json" > "$OUT/big.out" 2> "$OUT/big.err"
 rc=$?
 say "big prepare exit $rc in $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s"
 tail -n 5 "$OUT/big.err"
@@ -81,3 +66,18 @@ print("tokenize:", {k: r.get(k) for k in ("engine", "processes", "threads_per_pr
                                          "check_seconds", "check_parts", "peak_rss_mb", "profile")})
 PY
 rm -rf "$cache"
+rm "$W/big.jsonl"
+
+say "convert_workers"
+# shellcheck disable=SC2086
+timeout 120 python3 benchmarks/convert_workers.py --corpus "$W/corpus.jsonl" --text-template "$TEMPLATE" \
+  --workers ${CONVERT_WORKERS:-1 4 8 $(( $(nproc) - 1 ))} --work "$W/convert" > "$OUT/convert.md" 2> "$OUT/convert.err"
+say "convert_workers exit $?"; cat "$OUT/convert.md"; tail -n 5 "$OUT/convert.err"
+
+say "prepare_e2e"
+# shellcheck disable=SC2086
+timeout 200 python3 benchmarks/prepare_e2e.py --corpus "$W/corpus.jsonl" --tokenizer "$TOK" \
+  --text-template "$TEMPLATE" --raw fastokens gigatoken --encode-files --splits $SPLITS --work "$W/e2e" \
+  > "$OUT/e2e.md" 2> "$OUT/e2e.err"
+say "prepare_e2e exit $?"; cat "$OUT/e2e.md"; tail -n 20 "$OUT/e2e.err"
+rm -rf "$W/e2e"
