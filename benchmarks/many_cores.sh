@@ -19,6 +19,7 @@ RECORDS="${RECORDS:-750000}"    # ~1.27 GB of JSONL
 REPEAT="${REPEAT:-8}"           # the big run: the corpus 8 times (~10 GB)
 SPLITS="${SPLITS-1x16 4x4}"     # processes x threads for tokenize, beside the plan's own (may be empty)
 W="${WORK:-/dev/shm/moai-many-cores}"
+STEPS="${STEPS:-big convert e2e}"   # which of steps 2-4 to run
 TEMPLATE=$'{instruction}\n{input}\n{output}'
 mkdir -p "$OUT" "$W"
 say() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
@@ -39,6 +40,7 @@ free -g | tee -a "$OUT/log.txt"; df -h / /dev/shm | tee -a "$OUT/log.txt"
 say "corpus: $RECORDS records"
 python3 benchmarks/make_corpus.py --out "$W/corpus.jsonl" --records "$RECORDS" 2>&1 | tee -a "$OUT/log.txt"
 
+if [[ " $STEPS " == *" big "* ]]; then
 say "big corpus: $REPEAT times"
 for _ in $(seq "$REPEAT"); do cat "$W/corpus.jsonl"; done > "$W/big.jsonl"
 ls -la "$W/big.jsonl" | tee -a "$OUT/log.txt"
@@ -67,13 +69,17 @@ print("tokenize:", {k: r.get(k) for k in ("engine", "processes", "threads_per_pr
 PY
 rm -rf "$cache"
 rm "$W/big.jsonl"
+fi
 
+if [[ " $STEPS " == *" convert "* ]]; then
 say "convert_workers"
 # shellcheck disable=SC2086
 timeout 120 python3 benchmarks/convert_workers.py --corpus "$W/corpus.jsonl" --text-template "$TEMPLATE" \
   --workers ${CONVERT_WORKERS:-1 4 8 $(( $(nproc) - 1 ))} --work "$W/convert" > "$OUT/convert.md" 2> "$OUT/convert.err"
 say "convert_workers exit $?"; cat "$OUT/convert.md"; tail -n 5 "$OUT/convert.err"
+fi
 
+[[ " $STEPS " == *" e2e "* ]] || exit 0
 say "prepare_e2e"
 # shellcheck disable=SC2086
 timeout 200 python3 benchmarks/prepare_e2e.py --corpus "$W/corpus.jsonl" --tokenizer "$TOK" \

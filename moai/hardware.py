@@ -279,25 +279,27 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
 # 2 cores (the tokenize stage on 565 MB of instruction records, Tekken 131k, 2 interleaved rounds
 # on a loaded machine): encoding 5.2 and 6.1 s with 1 process × 2 threads against 7.7 and 9.2 s
 # with 2 processes × 1 thread, whose start-up (interpreter, imports, the 131k-vocabulary encoder)
-# costs more than the second Python side saves (docs/performance.md, "Fast engines"). Past
-# SMALL_MACHINE_CORES one process per FAST_ENGINE_THREADS cores keeps several Python sides fed
-# (not measured: no such machine here).
-FAST_ENGINE_THREADS = 8
+# costs more than the second Python side saves (docs/performance.md, "Fast engines"). On 16 cores
+# (the lent GPU machine, 1.26 GB of the same records, benchmarks/many_cores.sh, one round each):
+# the stage took 3.95 s with 1 × 16, 5.53 s with 4 × 4 and 6.21 s with 2 × 8. Past
+# FAST_ENGINE_THREADS cores, one process per FAST_ENGINE_THREADS (not measured).
+FAST_ENGINE_THREADS = 16
 
 
 def _fast_engine_split(cores: int, procs: int | None, threads: int | None) -> Decision:
     if procs is not None or threads is not None:
         p = procs or max(1, cores // (threads or cores))
         return Decision((p, threads or max(1, cores // p)), "set in config (tokenize.num_proc / threads_per_proc)")
-    if cores <= SMALL_MACHINE_CORES:
+    if cores <= FAST_ENGINE_THREADS:
         return Decision(
             (1, cores),
-            f"{cores} cores: fastokens/gigatoken in one process with {cores} threads (2 cores: encoding 1.5× "
-            "faster than 2 processes × 1 thread, docs/performance.md)",
+            f"{cores} cores: fastokens/gigatoken in one process with {cores} threads (measured on 2 and 16 cores: "
+            "faster than more processes with fewer threads each, docs/performance.md)",
         )
     p = max(1, cores // FAST_ENGINE_THREADS)
     return Decision(
-        (p, max(1, cores // p)), f"{cores} cores / {FAST_ENGINE_THREADS} threads a process (not measured past 4 cores)"
+        (p, max(1, cores // p)),
+        f"{cores} cores / {FAST_ENGINE_THREADS} threads a process (not measured past 16 cores)",
     )
 
 

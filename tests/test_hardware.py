@@ -62,6 +62,7 @@ def test_rows_cover_every_decision():
         "memory_mode",
         "loader_workers",
         "fast_engines",
+        "convert_workers",
     ]
     assert all(r["reason"] for r in rows)
 
@@ -71,8 +72,8 @@ def test_rows_cover_every_decision():
     [
         (2, {}, (1, 2)),  # small machines: one process, every core a thread of the engine
         (4, {}, (1, 4)),
-        (16, {}, (2, 8)),
-        (64, {}, (8, 8)),
+        (16, {}, (1, 16)),
+        (64, {}, (4, 16)),
         (16, {"num_proc": 4}, (4, 4)),  # explicit settings win
         (16, {"threads_per_proc": 2}, (8, 2)),
     ],
@@ -80,6 +81,20 @@ def test_rows_cover_every_decision():
 def test_fast_engines_split_processes_and_threads(cores, settings, want):
     p = plan(hw(cores=cores), cfg(tokenize=settings))
     assert p.fast_engines.value == want and p.fast_engines.reason
+
+
+@pytest.mark.parametrize(
+    "cores,resources,want",
+    [
+        (2, {}, 1),  # measured slower on 2 cores: convert parses in its own thread
+        (4, {}, 3),  # one worker a core, but the one convert's thread reads and writes on
+        (16, {}, 15),
+        (2, {"convert_workers": 3}, 3),  # explicit settings win
+    ],
+)
+def test_convert_workers(cores, resources, want):
+    p = plan(hw(cores=cores), cfg(resources=resources))
+    assert p.convert_workers.value == want and p.convert_workers.reason
 
 
 def test_detect_reads_this_machine(tmp_path):
