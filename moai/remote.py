@@ -193,6 +193,8 @@ def explain(url: str, err: BaseException, doing: str = "read", options: str = "s
             f"cannot reach the endpoint ({_short(text)}): check {options}.endpoint_url and that the "
             "server is up and reachable from this machine"
         )
+    elif "repository not found" in low or "revision not found" in low:  # HfFileSystem's
+        fix = "no such repository or revision (a private or gated one needs HF_TOKEN in the environment): check the URL"
     elif isinstance(err, FileNotFoundError):
         fix = "no such object: check the URL"
     else:
@@ -250,6 +252,11 @@ class RemoteObject:
         whatever the object's size (fsspec's read-ahead cache peaked at 42 MB reading a 48 MB object,
         uncached 13 MB); random access (parquet) keeps an 8 MiB read-ahead for its small reads."""
         assert mode == "rb", mode
+        if sequential and self.url.startswith("hf://"):
+            # huggingface_hub's streaming file: one GET read as it arrives (as its own whole-file read
+            # does) rather than a ranged request per read; a server that ignores Range (olah's mirrors)
+            # gives the right bytes too
+            return self.fs.open(self.url, "rb", block_size=0)
         if sequential:
             return self.fs.open(self.url, "rb", cache_type="none")
         return self.fs.open(self.url, "rb", block_size=1 << 23, cache_type="readahead")
@@ -261,6 +268,7 @@ class RemoteObject:
     def current(self) -> RemoteObject:
         """The object as the store describes it now (after reading: did it change meanwhile?)."""
         try:
+            _fresh(self.fs)
             info = self.fs.info(self.url)
         except Exception as err:
             raise explain(self.url, err) from None
@@ -293,15 +301,25 @@ def _object(fs: Any, url: str, info: dict[str, Any]) -> RemoteObject:
     return RemoteObject(url, size, _version(info), fs, _md5(info))
 
 
+def _fresh(fs: Any) -> None:
+    """Forget the listings `fs` keeps (HfFileSystem always keeps them, with no option as s3fs's
+    `use_listings_cache`): a kept one hides an object changed since from this long-lived client."""
+    if type(fs).__name__ == "HfFileSystem":
+        fs.invalidate_cache()
+
+
 def list_objects(url: str, storage_options: dict[str, Any] | None = None) -> list[RemoteObject]:
     """The objects `url` names (a glob: `s3://b/p/*.jsonl.zst`), sorted by URL, each with its size and
     version from the listing; [] when it names none."""
     fs = filesystem(url, storage_options)
     protocol = url.split("://", 1)[0]
     try:
+        _fresh(fs)
         try:
             found = fs.glob(url, detail=True) if _GLOB.search(url) else {url: fs.info(url)}
         except FileNotFoundError:  # gcsfs: a glob in a bucket that does not exist
+            if protocol == "hf":  # HfFileSystem: a repository or revision that does not exist, said so
+                raise
             found = {}
         # nothing found: a bucket that does not exist is named as such (a glob in it finds nothing too)
         if not found and protocol in ("s3", "s3a", "gs", "gcs") and not fs.exists(bucket_of(url)):

@@ -391,3 +391,12 @@ def bucket(request) -> Bucket:
 
     server = request.getfixturevalue("gcs_server")
     return Bucket("gs", new_bucket(server), server)
+
+
+@pytest.fixture(scope="session")
+def hf_server():
+    """A real Hugging Face Hub API (olah, offline, on loopback, tests/hf_server.py) serving local git
+    repositories as datasets; stopped by pid."""
+    from hf_server import started_server
+
+    yield from serving(started_server())

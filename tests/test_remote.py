@@ -1,5 +1,6 @@
 """Sources in object storage, against a real S3 server (SeaweedFS on loopback, tests/s3_server.py) and,
-where a test takes `bucket`, a real GCS server too (fake-gcs-server on loopback, tests/gcs_server.py):
+where a test takes `bucket`, a real GCS server too (fake-gcs-server on loopback, tests/gcs_server.py),
+and hf:// against a real Hub API (olah on loopback, tests/hf_server.py):
 the same documents and tokens as the local files, fingerprints from the listing, a changed object
 refused, credentials only from the environment and never written down, and failures in seconds."""
 
@@ -22,7 +23,7 @@ from moai.formats.text import open_text
 from moai.remote import is_url, secret_keys
 from moai.stages.convert import convert, source_files, source_fingerprint
 
-pytestmark = pytest.mark.slow  # real S3 and GCS servers (started once a session)
+pytestmark = pytest.mark.slow  # real S3, GCS and Hub servers (started once a session)
 
 
 def shards(tmp_path, n=3, per=400):
@@ -383,3 +384,65 @@ def test_an_object_gone_before_its_read_is_one_line_fetched_ahead_or_not(tmp_pat
                     texts += [row["text"] for _, row in file_rows(obj, source, rows, [], ahead.stream(i))]
             assert ahead.in_flight == (0 if n == 1 else 2)  # b and c: c fetched, not read
         assert texts == ["a"]
+
+
+def test_hf_a_glob_of_shards_gives_the_local_documents_fingerprinted_by_the_listing(tmp_path, hf_server):
+    """hf:// against a real Hub API (olah, tests/hf_server.py): plain and zstd shards in a dataset
+    repository; the fingerprint is the listing's (each file's git blob id and size), an object
+    committed anew between the listing and the read is refused."""
+    plain = shards(tmp_path)
+    files = {f.name: f.read_bytes() for f in plain}
+    files |= {f"zst/{f.name}.zst": zstandard.ZstdCompressor().compress(f.read_bytes()) for f in plain}
+    root = hf_server.commit("glob", files)
+    local = texts_of(src(tmp_path / "plain" / "*.jsonl"), tmp_path / "local")
+    for pattern in ("*.jsonl", "zst/*.jsonl.zst"):
+        remote = src(f"{root}/{pattern}", hf_server)
+        objs = source_files(remote)
+        assert [str(o) for o in objs] == [f"{root}/{pattern.replace('*', f's{i}')}" for i in range(3)]
+        assert all(o.version and o.size > 0 for o in objs)
+        assert texts_of(remote, tmp_path / f"out-{len(pattern)}") == local
+    source = src(f"{root}/s0.jsonl", hf_server)
+    fp = source_fingerprint(source)
+    assert fp == source_fingerprint(source)
+    hf_server.commit("glob", {"s0.jsonl": files["s0.jsonl"].replace(b"a", b"b", 1)})  # same size, other bytes
+    assert source_fingerprint(source) != fp
+    with pytest.raises(DataError, match=rf"{re.escape(root)}/s0\.jsonl changed while convert was reading it"):
+        texts_of(source, tmp_path / "changed", source_fp=fp)
+
+
+def test_hf_prepare_writes_the_local_token_store(tmp_path, hf_server, tokenizer_dir):
+    plain = shards(tmp_path)
+    files = {f.name: f.read_bytes() for f in plain[:2]}
+    files[f"{plain[2].name}.zst"] = zstandard.ZstdCompressor().compress(plain[2].read_bytes())
+    root = hf_server.commit("prepare", files)
+    tok = {"path": str(tokenizer_dir)}
+    (tmp_path / "mixed").mkdir()
+    for name, data in files.items():  # the same files on disk
+        (tmp_path / "mixed" / name).write_bytes(data)
+    local_cfg = config_dict(tmp_path, tmp_path / "mixed" / "s*.jsonl*", tok, cache_dir=str(tmp_path / "local"))
+    remote_cfg = config_dict(tmp_path, f"{root}/s*.jsonl*", tok, cache_dir=str(tmp_path / "remote"))
+    remote_cfg["source"]["storage_options"] = hf_server.options
+    for name, cfg in (("local", local_cfg), ("remote", remote_cfg)):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        run = moai_cli("prepare", f"{name}.yaml", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-3000:]
+    local, remote = store_files(tmp_path / "local" / "tokenize"), store_files(tmp_path / "remote" / "tokenize")
+    assert {p.name for p in local} == {p.name for p in remote}
+    local_tokens = sorted(v for p, v in local.items() if p.name != "origins.json")
+    assert len(local_tokens) > 1 and local_tokens == sorted(v for p, v in remote.items() if p.name != "origins.json")
+    (origins,) = [json.loads(v) for p, v in remote.items() if p.name == "origins.json"]
+    assert origins["files"] == [f"{root}/s0.jsonl", f"{root}/s1.jsonl", f"{root}/s2.jsonl.zst"]
+
+
+def test_hf_a_missing_repository_is_one_line_in_seconds(tmp_path, hf_server, tokenizer_dir):
+    for missing in ("hf://datasets/moai/no-such-repo@main/*.jsonl", "hf://datasets/moai/no-such-repo@main/a.jsonl"):
+        line = one_line_in_seconds(src(missing, hf_server), r"no such repository or revision")
+        assert line.startswith(f"cannot read {missing}: ")
+    cfg = config_dict(tmp_path, "hf://datasets/moai/no-such-repo@main/*.jsonl", {"path": str(tokenizer_dir)})
+    cfg["source"]["storage_options"] = hf_server.options
+    (tmp_path / "missing.yaml").write_text(yaml.safe_dump(cfg))
+    started = time.monotonic()
+    run = moai_cli("prepare", "missing.yaml", cwd=tmp_path)
+    assert run.returncode != 0 and time.monotonic() - started < 30
+    errors = [line for line in run.stderr.splitlines() if line.startswith("moai: error:")]
+    assert len(errors) == 1 and "hf://datasets/moai/no-such-repo@main/*.jsonl" in errors[0], run.stderr[-2000:]
