@@ -25,6 +25,12 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 .venv/bin/python -m pip install -q -e ".${extras}"
+if [ -n "$extras" ]; then
+  # the hf:// tests' Hub server (tests/hf_server.py), beside moai's environment: its needs
+  # (psutil < 6) are not moai's. Pinned: the tests rely on how its mirrors behave.
+  [ -x .venv-olah/bin/python ] || python3 -m venv .venv-olah
+  .venv-olah/bin/python -m pip install -q "olah==${MOAI_OLAH:-0.5.4}"
+fi
 # Create Prefect's local database now: on a machine without one, the temporary server that
 # `python flows/pretrain.py` starts runs the migrations first and misses Prefect's 20 s start-up
 # limit ("Timed out while attempting to connect to ephemeral Prefect API server").

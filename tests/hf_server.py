@@ -17,7 +17,6 @@ Started in about a second; stopped by its pid (s3_server.ServerProcess).
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -85,7 +84,7 @@ class HFServer(ServerProcess):
             f'hf-scheme = "http"\nhf-netloc = "127.0.0.1:{closed}"\nhf-lfs-netloc = "127.0.0.1:{closed}"\n'
             "[accessibility]\noffline = true\n"
         )
-        self._spawn([sys.executable, "-c", "from olah.server import cli; cli()", "-c", str(config),
+        self._spawn([str(OLAH_PYTHON), "-c", "from olah.server import cli; cli()", "-c", str(config),
                      "--log-path", str(self.folder / "logs")])  # fmt: skip
         assert self.process is not None
         deadline = time.monotonic() + timeout_s
@@ -103,11 +102,14 @@ class HFServer(ServerProcess):
         pytest.fail(f"olah did not answer on {self.endpoint} within {timeout_s:.0f} s:\n{self.logs()}")
 
 
+# olah runs from a virtual environment of its own (`scripts/setup.sh dev` makes it): its needs pin
+# psutil below 6, which moai's environment must not take
+OLAH_PYTHON = Path(__file__).resolve().parent.parent / ".venv-olah" / "bin" / "python"
+
+
 def olah_installed() -> None:
-    try:
-        import olah  # noqa: F401
-    except ImportError:
-        pytest.fail("the hf:// tests need olah: pip install olah (a dev dependency)")
+    if not OLAH_PYTHON.exists():
+        pytest.fail(f"the hf:// tests need olah in {OLAH_PYTHON.parent.parent}: run bash scripts/setup.sh dev")
 
 
 def started_server() -> HFServer:

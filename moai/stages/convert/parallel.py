@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import io
-import multiprocessing
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import pyarrow as pa
 from moai.config import SourceConfig
 from moai.formats.text import text_batch
 from moai.stages.convert.readers import Rows
+from moai.workers import spawn_pool
 
 PIECE_BYTES = 8 << 20
 # a file smaller than this is parsed in convert's thread: starting workers would cost more
@@ -128,8 +128,9 @@ class Workers:
     ) -> Iterator[Piece]:
         """Each piece's result, in order; at most two pieces a worker in flight (bounded memory)."""
         if self._pool is None:
-            # spawn: convert's process has threads (read-ahead, the reference tokenizer's pipes)
-            self._pool = ProcessPoolExecutor(self.count, mp_context=multiprocessing.get_context("spawn"))
+            # spawn: convert's process has threads (read-ahead, the reference tokenizer's pipes);
+            # Ctrl-C is left to convert's process, which ends them (moai.workers)
+            self._pool = spawn_pool(self.count)
         pending: collections.deque[Future[Piece]] = collections.deque()
         for first_line, data in pieces:
             pending.append(self._pool.submit(parse_piece, data, first_line, path, file, source))

@@ -16,6 +16,7 @@ the parts (see `moai.formats.tokens` for the layout).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -75,6 +76,9 @@ class PartJob:
     dtype: str
     eos_id: int
     batch_size: int
+
+
+WRITES_AHEAD = 4  # pieces encoded and waiting for the writer thread
 
 
 class Profile:
@@ -181,40 +185,56 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         return out
 
     results: list[dict[str, Any]] = []
-    current = None
-    files: tuple[BinaryIO, BinaryIO] | None = None
+    current: list[Any] = [None, None]  # the part being written and its (.bin, .idx) files
+
+    def write(job: PartJob, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """In the writer thread, in order: a piece's ids and document ends into its part's files."""
+        t0 = time.perf_counter()
+        if job is not current[0] or current[1] is None:
+            _close(current[1])
+            current[0] = job
+            stem = Path(job.out_dir) / job.split / f"part-{job.index:05d}"
+            # open across the part's batches: closed when the next part starts, or at the end
+            current[1] = (open(f"{stem}.bin", "wb"), open(f"{stem}.idx", "wb"))  # noqa: SIM115
+            results.append(
+                {
+                    "index": job.index,
+                    "split": job.split,
+                    "num_documents": 0,
+                    "num_tokens": 0,
+                    "bin": f"{job.split}/{stem.name}.bin",
+                    "idx": f"{job.split}/{stem.name}.idx",
+                }
+            )
+        r, files = results[-1], current[1]
+        files[0].write(flat.data)  # no copy of the ids
+        files[1].write((np.cumsum(lengths) + r["num_tokens"]).astype("<i8").tobytes())
+        r["num_tokens"] += len(flat)
+        r["num_documents"] += len(lengths)
+        profile.add("write", time.perf_counter() - t0)
+
+    # Writing runs in a thread of its own (file writes release the GIL): this thread goes on taking
+    # the next texts out of Arrow meanwhile. At most WRITES_AHEAD pieces wait for it (bounded memory).
+    from concurrent.futures import ThreadPoolExecutor
+
+    writes: collections.deque = collections.deque()
     try:
-        pipeline = _pipelined(_timed(batches(), profile), encode, profile=profile)
-        for job, (flat, lengths) in (piece for group in pipeline for piece in group):
-            t0 = time.perf_counter()
-            if job is not current or files is None:
-                _close(files)
-                current = job
-                stem = Path(job.out_dir) / job.split / f"part-{job.index:05d}"
-                # open across the part's batches: closed when the next part starts, or in `finally`
-                files = (open(f"{stem}.bin", "wb"), open(f"{stem}.idx", "wb"))  # noqa: SIM115
-                results.append(
-                    {
-                        "index": job.index,
-                        "split": job.split,
-                        "num_documents": 0,
-                        "num_tokens": 0,
-                        "bin": f"{job.split}/{stem.name}.bin",
-                        "idx": f"{job.split}/{stem.name}.idx",
-                    }
-                )
-            r = results[-1]
-            files[0].write(memoryview(flat))  # no copy of the ids
-            files[1].write((np.cumsum(lengths) + r["num_tokens"]).astype("<i8").tobytes())
-            r["num_tokens"] += len(flat)
-            r["num_documents"] += len(lengths)
-            profile.add("write", time.perf_counter() - t0)
-            if on_batch is not None:
-                on_batch(len(lengths), len(flat))
-            for t in tables.values():
-                t.release()  # text already read: keep resident memory flat over the corpus
+        with ThreadPoolExecutor(1, thread_name_prefix="moai-write") as writer:
+            pipeline = _pipelined(_timed(batches(), profile), encode, profile=profile)
+            for job, (flat, lengths) in (piece for group in pipeline for piece in group):
+                writes.append(writer.submit(write, job, flat, lengths))
+                while len(writes) > WRITES_AHEAD:
+                    writes.popleft().result()
+                if on_batch is not None:
+                    on_batch(len(lengths), len(flat))
+                for t in tables.values():
+                    t.release()  # text already read: keep resident memory flat over the corpus
+            while writes:
+                writes.popleft().result()
     finally:
-        _close(files)
+        for w in writes:
+            w.cancel()
+        _close(current[1])
     for r in results:  # giant documents are counted per process; the first result carries the count
         r["large_documents"], r["forced_cuts"] = state["large_documents"], state["forced_cuts"]
         state["large_documents"] = state["forced_cuts"] = 0
