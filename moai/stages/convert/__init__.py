@@ -337,32 +337,37 @@ def convert(
         for where, row in file_rows(path, source, rows, read, ahead.stream(i)):
             yield i, where, row
 
+    def parsed_here(located: Iterator[tuple[int, str, dict[str, Any]]]) -> Iterator[pa.RecordBatch]:
+        """Batches of the rows' texts, parsed in this thread."""
+        texts: list[str] = []
+        origins: list[int] = []
+        for text, origin in kept_texts(located, source, rows, files, wheres):
+            texts.append(text)
+            origins.append(origin)
+            if len(texts) == writer_batch_size:
+                yield text_batch(texts, origins)
+                texts, origins = [], []
+        if texts:
+            yield text_batch(texts, origins)
+
+    def parsed_by_workers(i: int, path: SourceFile) -> Iterator[pa.RecordBatch]:
+        """Batches of a JSON-lines file's texts, its pieces parsed by the workers (`parallel`)."""
+        pieces = in_pieces(path, read, parallel.PIECE_BYTES, ahead.stream(i))
+        for piece in pool.parsed(pieces, files[i], i, source):
+            parallel.take(piece, rows)
+            if wheres[i] is None:
+                wheres[i] = piece.where
+            yield piece.batch
+
     def batches() -> Iterator[pa.RecordBatch]:
+        # batches of writer_batch_size rows across files, however each file's rows were parsed
         cut = parallel.Rebatcher(writer_batch_size)
-        sequential: list[Iterator[tuple[int, str, dict[str, Any]]]]
         if source.hub is not None:
-            sequential = [((0, *item) for item in hub_rows(source, rows, writer_batch_size))]
-        else:
-            sequential = [located(i, p) for i, p in enumerate(paths)]
-        for i, rows_of in enumerate(sequential):
-            if source.hub is None and in_parallel(paths[i]):
-                pieces = in_pieces(paths[i], read, parallel.PIECE_BYTES, ahead.stream(i))
-                for piece in pool.parsed(pieces, files[i], i, source):
-                    parallel.take(piece, rows)
-                    if wheres[i] is None:
-                        wheres[i] = piece.where
-                    yield from cut.add(piece.batch)
-                continue
-            texts: list[str] = []
-            origins: list[int] = []
-            for text, origin in kept_texts(rows_of, source, rows, files, wheres):
-                texts.append(text)
-                origins.append(origin)
-                if len(texts) == writer_batch_size:
-                    yield from cut.add(text_batch(texts, origins))
-                    texts, origins = [], []
-            if texts:
-                yield from cut.add(text_batch(texts, origins))
+            for batch in parsed_here((0, *item) for item in hub_rows(source, rows, writer_batch_size)):
+                yield from cut.add(batch)
+        for i, path in enumerate(paths):
+            for batch in parsed_by_workers(i, path) if in_parallel(path) else parsed_here(located(i, path)):
+                yield from cut.add(batch)
         if source.hub is None:  # the `datasets` fingerprint of a hub dataset is its own affair
             check_read(source, source_fp, read)
         yield from cut.flush()
