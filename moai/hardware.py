@@ -291,10 +291,15 @@ def _fast_engine_split(cores: int, procs: int | None, threads: int | None) -> De
         p = procs or max(1, cores // (threads or cores))
         return Decision((p, threads or max(1, cores // p)), "set in config (tokenize.num_proc / threads_per_proc)")
     if cores <= FAST_ENGINE_THREADS:
+        calls = (
+            "two encode calls in flight, one fastokens thread each"
+            if cores <= 2
+            else "two encode calls in flight on fastokens' pool of every core"
+        )
         return Decision(
             (1, cores),
-            f"{cores} cores: fastokens/gigatoken in one process with {cores} threads (measured on 2 and 16 cores: "
-            "faster than more processes with fewer threads each, docs/performance.md)",
+            f"{cores} cores: fastokens/gigatoken in one process with {cores} threads, {calls} (measured on 2 and "
+            "16 cores: faster than more processes with fewer threads each, docs/performance.md)",
         )
     p = max(1, cores // FAST_ENGINE_THREADS)
     return Decision(

@@ -3,6 +3,7 @@
 
 import dataclasses
 import itertools
+import os
 import re
 from pathlib import Path
 
@@ -258,3 +259,102 @@ def test_tiktoken_hands_the_parts_arrays_with_the_same_ids(tok):
 def test_wrap_puts_the_affixes_around_every_document(docs, prefix, suffix):
     ids, offsets = engines.wrap(engines.flat_of(docs), tuple(prefix), tuple(suffix))
     assert engines.lists_of((ids, offsets)) == [[*prefix, *d, *suffix] for d in docs]
+
+
+TEXTS = ["hello world", "", " <eos> and <bos> as text", "a\n\nb", "  spaces  ", "한국어 문장", "x" * 3000]
+
+
+def _fastokens(info, tok=None):
+    return engines.FastokensEncoder(engine_module.engine_setup("fastokens", info, 2), tok)
+
+
+def test_fastokens_puts_eos_after_every_document_in_its_post_processor(tok):
+    """The EOS step is added to fastokens' post-processor: the parts take its buffer as it comes,
+    and the check's call (`encode_flat`) still gives transformers' ids, EOS taken off again."""
+    hf, info = tok
+    enc = _fastokens(info)
+    ids, offsets = enc.encode_documents(TEXTS, info.eos_id)
+    assert enc.eos == info.eos_id
+    want = [hf(t)["input_ids"] for t in TEXTS]
+    assert engines.lists_of((ids, offsets)) == [[*w, info.eos_id] for w in want]
+    assert engines.lists_of(enc.encode_flat(TEXTS, True)) == want
+    plain = [hf(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    assert engines.lists_of(enc.encode_flat(TEXTS, False)) == plain
+
+
+class _IgnoresPostProcessors:
+    """A fastokens tokenizer that accepts a new post-processor and keeps its own (as a version
+    without Sequence post-processors might)."""
+
+    def __init__(self, tok):
+        self.__dict__["_tok"] = tok
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __setattr__(self, name, value):
+        pass
+
+
+def test_fastokens_whose_post_processor_cannot_take_the_eos_step_gets_eos_by_numpy(tok):
+    hf, info = tok
+    enc = _fastokens(info, _IgnoresPostProcessors(engines.fastokens_tokenizer(info.backend_json)))
+    ids, offsets = enc.encode_documents(TEXTS, info.eos_id)
+    assert enc.eos is None  # the probe saw no EOS: the step is not used
+    assert engines.lists_of((ids, offsets)) == [[*hf(t)["input_ids"], info.eos_id] for t in TEXTS]
+
+
+def test_a_document_the_eos_step_left_without_eos_is_an_error_not_a_store(tok, monkeypatch):
+    _, info = tok
+    enc = _fastokens(info)
+    enc.encode_documents(TEXTS[:1], info.eos_id)
+    real = enc._call
+
+    def drops_last(texts, special):  # the step stopped working: the last id of each text is gone
+        return engines.unwrap_suffix(real(texts, special), info.eos_id)
+
+    monkeypatch.setattr(enc, "_call", drops_last)
+    with pytest.raises(RuntimeError, match="left out EOS"):
+        enc.encode_documents(["hello world"], info.eos_id)
+
+
+def test_fastokens_pool_is_one_thread_a_call_up_to_two_cores_and_a_users_setting_stays(monkeypatch):
+    monkeypatch.delenv("FASTOKENS_BPE_THREADS", raising=False)
+    engines.size_fastokens_pool(16)
+    assert "FASTOKENS_BPE_THREADS" not in os.environ  # its own pool of every core, as measured on 16
+    engines.size_fastokens_pool(2)
+    assert os.environ["FASTOKENS_BPE_THREADS"] == "1"
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "3")
+    engines.size_fastokens_pool(1)
+    assert os.environ["FASTOKENS_BPE_THREADS"] == "3"
+
+
+def test_the_tokenizer_json_built_early_is_kept_only_for_the_same_pipeline(tokenizer_dir):
+    """`prebuild` takes fastokens built from the folder's file before transformers loaded it when
+    transformers runs that same pipeline; another pipeline is built again. `take_prebuilt` waits
+    while a prebuild runs."""
+    import json
+    import threading
+
+    info = describe(load_tokenizer(str(tokenizer_dir)), str(tokenizer_dir), "fp")
+    text = (tokenizer_dir / "tokenizer.json").read_text()
+    setup = engine_module.engine_setup("fastokens", info, 1)
+    assert engines.same_pipeline(text, info.backend_json)  # transformers runs the file as it is
+    early = engines.fastokens_tokenizer(text)
+    taken: list = []
+    ended = engines.prebuild_begins()
+    waiter = threading.Thread(target=lambda: taken.append(engines.take_prebuilt(setup)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # waits for the prebuild rather than build the encoder again
+    engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, (text, early))
+    ended()
+    waiter.join(10)
+    assert taken and taken[0].tok is early
+
+    other = json.loads(text)
+    other["normalizer"] = {"type": "Lowercase"}
+    assert not engines.same_pipeline(json.dumps(other), info.backend_json)
+    engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, (json.dumps(other), early))
+    rebuilt = engines.take_prebuilt(setup)
+    assert rebuilt is not None and rebuilt.tok is not early

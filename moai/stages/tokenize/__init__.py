@@ -62,7 +62,7 @@ from moai.stages.tokenize.engine import (
     sample_texts,
     transformers_reference,
 )
-from moai.stages.tokenize.engines import FAST as FAST_ENGINES
+from moai.stages.tokenize.engines import FAST as FAST_ENGINES, size_fastokens_pool
 from moai.stages.tokenize.parts import (
     BATCH_MAX_BYTES,
     MAX_PARTS,
@@ -167,6 +167,7 @@ def tokenize(
     classic = (max(1, min(num_proc, len(jobs))), threads_per_proc)
     fast = (max(1, min(fast_split[0], len(jobs))), fast_split[1]) if fast_split is not None else classic
     threads = (fast if engine_is_fast(engine) else classic)[1]
+    size_fastokens_pool(fast[1])  # before this process's first fastokens encode
     extra: dict[str, Any] = {}
     guess = _speculation(info, text_dir, engine, fast, prefetched, threads)
     if guess is not None:

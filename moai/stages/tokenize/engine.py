@@ -83,7 +83,7 @@ def engine_setup(name: str, info: TokenizerInfo, threads: int) -> EncoderSetup:
     """The set-up of engine `name` for this tokenizer (tiktoken: its spec, or `NotExpressible`)."""
     spec = spec_from_tokenizer_json(info.backend_json, info.split_special_tokens) if name == "tiktoken" else None
     affixes = _affixes(info) if name == "gigatoken" else ((), ())
-    return EncoderSetup(info.backend_json, info.split_special_tokens, name, threads, False, spec, affixes)
+    return EncoderSetup(info.backend_json, info.split_special_tokens, name, threads, False, spec, affixes, info.eos_id)
 
 
 def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, want: engines.Flat, built: Any = None):
@@ -266,6 +266,7 @@ class EncoderSetup:
     pieces_exact: bool  # may giant documents be encoded in pieces (checked on the sample; False when there are none)?
     spec: TiktokenSpec | None = None  # tiktoken's ranks (engine tiktoken)
     affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # the post-processor's ids (engine gigatoken)
+    eos_id: int | None = None  # what parts put after every document (fastokens: its post-processor does)
 
 
 # Per-process state: the encoder, the piece encoder, opened tables and giant-document counts. Set
@@ -288,6 +289,7 @@ def init_encoder(
     if rayon_threads is not None:
         # Read by Rayon when its pool first starts, which is after this in a fresh worker.
         os.environ["RAYON_NUM_THREADS"] = str(rayon_threads)
+    engines.size_fastokens_pool(setup.threads)
     if encoder is None:
         encoder = engines.build(setup)
     state["encoder"] = encoder

@@ -15,7 +15,9 @@ or any error of the engine's own loader; each becomes that engine's reason in th
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,6 +45,18 @@ def flat_of(ids: list[Any]) -> Flat:
 def lists_of(flat: Flat) -> list[list[int]]:
     ids, offsets = flat
     return [ids[a:b].tolist() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
+
+
+def unwrap_suffix(flat: Flat, token: int) -> Flat:
+    """`flat` without the last id of every text, which must be `token` (else a RuntimeError)."""
+    ids, offsets = flat
+    ends = offsets[1:] - 1
+    if len(ends) and (ids[ends] != token).any():
+        i = int(np.flatnonzero(ids[ends] != token)[0])
+        raise RuntimeError(f"text {i} does not end with id {token}")
+    keep = np.ones(len(ids), dtype=bool)
+    keep[ends] = False
+    return ids[keep], offsets - np.arange(len(offsets), dtype=np.int64)
 
 
 def wrap(flat: Flat, prefix: tuple[int, ...] = (), suffix: tuple[int, ...] = ()) -> Flat:
@@ -75,11 +89,23 @@ class Encoder(Protocol):
         ...
 
     def encode_flat(self, texts: list[str], add_special_tokens: bool = True) -> Flat:
-        """All texts' ids as one array (the parts use this)."""
+        """All texts' ids as one array (the check compares these with transformers')."""
+        ...
+
+    def encode_documents(self, texts: list[str], eos_id: int) -> Flat:
+        """`encode_flat(texts, True)` with `eos_id` after every text: what the parts store."""
         ...
 
 
-class _FromLists:
+class _Documents:
+    def encode_flat(self, texts: list[str], add_special_tokens: bool = True) -> Flat:
+        raise NotImplementedError
+
+    def encode_documents(self, texts: list[str], eos_id: int) -> Flat:
+        return wrap(self.encode_flat(texts, True), suffix=(eos_id,))
+
+
+class _FromLists(_Documents):
     """`encode_flat` from `encode` (engines that hand out lists)."""
 
     def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
@@ -89,7 +115,7 @@ class _FromLists:
         return flat_of(self.encode(texts, add_special_tokens))
 
 
-class _FromFlat:
+class _FromFlat(_Documents):
     """`encode` from `encode_flat` (engines that hand out arrays)."""
 
     def encode_flat(self, texts: list[str], add_special_tokens: bool = True) -> Flat:
@@ -141,23 +167,81 @@ class TiktokenEngine(_FromLists):
 
 class FastokensEncoder(_FromFlat):
     """fastokens: the tokenizer.json in its own Rust BPE; `encode_batch_flat` hands back one
-    little-endian uint32 buffer and uint64 offsets (no Python object per token)."""
+    little-endian uint32 buffer and uint64 offsets (no Python object per token).
+
+    With the set-up's `eos_id`, its post-processor is made to put EOS after the tokenizer's own
+    special tokens (a TemplateProcessing step after the tokenizer's own post-processor), so the
+    parts store its buffer as it comes (`encode_documents`: every text's last id is checked to be
+    EOS, no copy), and `encode_flat` takes that EOS off again: the check compares exactly
+    what this call gives. Where the step does not give the same ids plus EOS on a probe, the
+    post-processor is put back and EOS goes in by NumPy (`wrap`). The step is set at the first
+    call, after `size_fastokens_pool`: any encode starts fastokens' pool."""
 
     name = "fastokens"
 
-    def __init__(self, setup: EncoderSetup):
-        import fastokens
-
-        self.tok = fastokens.Tokenizer.from_json_str(setup.backend_json)
+    def __init__(self, setup: EncoderSetup, tok: Any = None):
+        """`tok`: fastokens' tokenizer of `setup.backend_json`, already built (`prebuild`)."""
+        self.tok = tok if tok is not None else fastokens_tokenizer(setup.backend_json)
         self.tok.no_truncation()
         self.tok.no_padding()
         self.split = setup.split_special_tokens
+        self.eos: int | None = None  # the id the post-processor appends (set by `_ready`)
+        self._pending_eos = setup.eos_id
+        self._lock = threading.Lock()
+
+    def _call(self, texts: list[str], special: bool) -> Flat:
+        ids, offsets = self.tok.encode_batch_flat(texts, add_special_tokens=special, split_special_tokens=self.split)
+        return np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+
+    def _ready(self) -> None:
+        if self._pending_eos is None:
+            return
+        with self._lock:
+            if self._pending_eos is not None:
+                self.eos = self._append_eos(self._pending_eos)
+                self._pending_eos = None
+
+    def _append_eos(self, eos_id: int) -> int | None:
+        """Add the EOS step to the post-processor; eos_id if the probe gives the same ids plus EOS."""
+        token = self.tok.id_to_token(eos_id)
+        if token is None:
+            return None
+        probe = ["a", "", " hello\n"]
+        want = wrap(self._call(probe, True), suffix=(eos_id,))
+        own = self.tok.post_processor
+        a = {"Sequence": {"id": "A", "type_id": 0}}
+        step = {
+            "type": "TemplateProcessing",
+            "single": [a, {"SpecialToken": {"id": token, "type_id": 0}}],
+            "pair": [a, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {token: {"id": token, "ids": [eos_id], "tokens": [token]}},
+        }
+        steps = [json.loads(str(own))] if own is not None else []
+        try:
+            self.tok.post_processor = json.dumps({"type": "Sequence", "processors": [*steps, step]})
+            got = self._call(probe, True)
+            if all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)):
+                return eos_id
+        except Exception:  # this fastokens cannot: EOS goes in by NumPy
+            pass
+        self.tok.post_processor = None if own is None else str(own)
+        return None
 
     def encode_flat(self, texts: list[str], add_special_tokens: bool = True) -> Flat:
-        ids, offsets = self.tok.encode_batch_flat(
-            texts, add_special_tokens=add_special_tokens, split_special_tokens=self.split
-        )
-        return np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        self._ready()
+        flat = self._call(texts, add_special_tokens)
+        if add_special_tokens and self.eos is not None:
+            return unwrap_suffix(flat, self.eos)
+        return flat
+
+    def encode_documents(self, texts: list[str], eos_id: int) -> Flat:
+        self._ready()
+        if self.eos != eos_id:
+            return super().encode_documents(texts, eos_id)
+        ids, offsets = flat = self._call(texts, True)
+        if len(texts) and (ids[offsets[1:] - 1] != eos_id).any():
+            raise RuntimeError("fastokens' post-processor left out EOS after a document")
+        return flat
 
 
 class GigatokenEncoder(_FromFlat):
@@ -174,6 +258,9 @@ class GigatokenEncoder(_FromFlat):
         self.tok = gigatoken.Tokenizer.from_json(setup.backend_json)
         self.parallel = setup.threads > 1
         self.prefix, self.suffix = setup.affixes
+
+    def encode_documents(self, texts: list[str], eos_id: int) -> Flat:
+        return wrap(self.encode_flat(texts, False), self.prefix, (*self.suffix, eos_id))  # one copy, not two
 
     def encode_flat(self, texts: list[str], add_special_tokens: bool = True) -> Flat:
         import awkward as ak
@@ -213,38 +300,92 @@ BY_NAME = {e.name: e for e in ENGINES}
 FAST = frozenset({"fastokens", "gigatoken"})  # run their own thread pools at hundreds of MB/s a core
 
 
+# Calls each process has in flight (`parts._pipelined`): while one encodes the tail of its batch (the
+# longest documents), the other keeps the cores busy.
+CALLS_IN_FLIGHT = 2
+
+
+def size_fastokens_pool(threads: int) -> None:
+    """Size fastokens' thread pool for a process given `threads` cores; read from
+    FASTOKENS_BPE_THREADS when the process first encodes (later changes are ignored), and left
+    alone when the user set it. Up to CALLS_IN_FLIGHT cores, each call runs on its own thread:
+    on 2 cores, a pool of two under two calls in flight spent 2.9-3.2 CPU-s on the 601 MB corpus'
+    parts, single-threaded calls 2.4-2.6 (the stage 1.43-1.48 s against 1.75-1.85 s); more cores
+    keep fastokens' own pool of all of them (as measured on 16 cores)."""
+    import os
+
+    if threads <= CALLS_IN_FLIGHT:
+        os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+
+
 def build(setup: EncoderSetup) -> Encoder:
     prebuilt = take_prebuilt(setup)
     return prebuilt if prebuilt is not None else BY_NAME[setup.engine].build(setup)
 
 
 def take_prebuilt(setup: EncoderSetup) -> Encoder | None:
-    """The encoder `prebuild` made for this set-up (waiting for it if it is being made), once; else None."""
-    key = (setup.engine, setup.backend_json, setup.split_special_tokens)
-    building = _building.get(key)
-    if building is not None:  # being built ahead: wait for it rather than build it twice
-        building.wait()
-    return _prebuilt.pop(key, None)
+    """The encoder `prebuild` made for this set-up (waiting while a prebuild runs), once; else None."""
+    key = (setup.engine, setup.backend_json, setup.split_special_tokens, setup.eos_id)
+    with _prebuilding:
+        _prebuilding.wait_for(lambda: _running_builds == 0)
+        return _prebuilt.pop(key, None)
 
 
-# Encoders built ahead of the check (`prebuild`), by (engine, pipeline, split_special_tokens); taken once.
-_prebuilt: dict[tuple[str, str, bool], Encoder] = {}
-_building: dict[tuple[str, str, bool], threading.Event] = {}  # set when that build ended (built or failed)
+# Encoders built ahead of the check (`prebuild`), by (engine, pipeline, split_special_tokens, EOS id); taken once.
+_prebuilt: dict[tuple[str, str, bool, int | None], Encoder] = {}
+_prebuilding = threading.Condition()  # notified when a prebuild ends (built or failed)
+_running_builds = 0
 
 
-def prebuild(backend_json: str, split_special_tokens: bool) -> None:
+def prebuild_begins() -> Callable[[], None]:
+    """Count a prebuild as running from now until the returned function is called: `take_prebuilt`
+    waits for it to end rather than have the stage build the same encoder a second time."""
+    global _running_builds
+    with _prebuilding:
+        _running_builds += 1
+
+    def ended() -> None:
+        global _running_builds
+        with _prebuilding:
+            _running_builds -= 1
+            _prebuilding.notify_all()
+
+    return ended
+
+
+def fastokens_tokenizer(pipeline_json: str) -> Any:
+    """fastokens' tokenizer of a tokenizer.json text (no encoding: its pool is sized later)."""
+    import fastokens
+
+    return fastokens.Tokenizer.from_json_str(pipeline_json)
+
+
+def prebuild(
+    backend_json: str, split_special_tokens: bool, eos_id: int | None, early: tuple[str, Any] | None = None
+) -> None:
     """Build fastokens for this pipeline now (in a thread, while other stages run), for `build` to
-    take; only fastokens, whose encoder does not depend on the thread count."""
+    take; only fastokens, whose encoder does not depend on the thread count. It encodes nothing
+    (that would start its pool before the stage sizes it). `early`: a tokenizer.json text and
+    fastokens' tokenizer of it, built before transformers had loaded the folder; taken when that
+    file describes the same pipeline transformers runs (`same_pipeline`), else built again."""
     from moai.stages.tokenize.engine import EncoderSetup
 
-    key = ("fastokens", backend_json, split_special_tokens)
-    done = _building.setdefault(key, threading.Event())
-    try:
-        setup = EncoderSetup(backend_json, split_special_tokens, "fastokens", 1, False)
-        _prebuilt[key] = FastokensEncoder(setup)
-    finally:
-        done.set()
-        _building.pop(key, None)
+    setup = EncoderSetup(backend_json, split_special_tokens, "fastokens", 1, False, eos_id=eos_id)
+    tok = early[1] if early is not None and same_pipeline(early[0], backend_json) else None
+    _prebuilt[(setup.engine, backend_json, split_special_tokens, eos_id)] = FastokensEncoder(setup, tok)
+
+
+def same_pipeline(file_json: str, backend_json: str) -> bool:
+    """Does a tokenizer.json text hold the pipeline transformers runs (`backend_json`)? Truncation
+    and padding aside: the encoders turn both off."""
+    from moai.stages.tokenizer import parsed_backend
+
+    if file_json == backend_json:
+        return True
+    a, b = json.loads(file_json), parsed_backend(backend_json)
+    return {k: v for k, v in a.items() if k not in ("truncation", "padding")} == {
+        k: v for k, v in b.items() if k not in ("truncation", "padding")
+    }
 
 
 def drop_prebuilt() -> None:

@@ -111,11 +111,11 @@ def _profile() -> Profile:
 
 def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Encode texts with the process's encoder: (flat ids with EOS after each, document lengths).
-    The engine hands all ids over as one array; EOS goes in by NumPy, no loop over documents."""
+    The engine hands all ids over as one array, EOS put in by its post-processor (fastokens) or by
+    NumPy: no loop over documents."""
     t0 = time.perf_counter()
-    flat = state["encoder"].encode_flat(texts, True)
+    ids, offsets = state["encoder"].encode_documents(texts, eos_id)
     t1 = time.perf_counter()
-    ids, offsets = engines.wrap(flat, suffix=(eos_id,))
     out = ids.astype(dtype, copy=False)
     profile = _profile()
     profile.add("encode", t1 - t0)
@@ -220,7 +220,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     writes: collections.deque = collections.deque()
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="moai-write") as writer:
-            pipeline = _pipelined(_timed(batches(), profile), encode, profile=profile)
+            pipeline = _pipelined(_timed(batches(), profile), encode, ahead=engines.CALLS_IN_FLIGHT, profile=profile)
             for job, (flat, lengths) in (piece for group in pipeline for piece in group):
                 writes.append(writer.submit(write, job, flat, lengths))
                 while len(writes) > WRITES_AHEAD:

@@ -25,7 +25,7 @@ import contextlib
 import contextvars
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -237,11 +237,13 @@ def prefetch(config: PipelineConfig) -> Iterator[Reference | None]:
         return
     ref = Reference(folder)
     _running.append(ref)
-    # Then the fastest engine is built from the pipeline transformers runs, also before it is needed
-    # (parsing a 131k vocabulary takes fastokens ~1.3 CPU s); the check still decides whether it is used.
-    # in this thread's context, so its log lines (the tokenizer's warnings) go where the run's go
+    # Meanwhile the fastest engine is built from the folder's tokenizer.json, before it is needed
+    # (parsing a 131k vocabulary takes fastokens ~1.3 CPU s), and kept if transformers runs that same
+    # pipeline; the check still decides whether it is used. In this thread's context, so its log lines
+    # (the tokenizer's warnings) go where the run's go.
     run = contextvars.copy_context().run
-    threading.Thread(target=run, args=(_prebuild, ref), daemon=True, name="moai-prebuild").start()
+    ended = engines.prebuild_begins()
+    threading.Thread(target=run, args=(_prebuild, ref, ended), daemon=True, name="moai-prebuild").start()
     try:
         yield ref
     finally:
@@ -250,7 +252,22 @@ def prefetch(config: PipelineConfig) -> Iterator[Reference | None]:
         engines.drop_prebuilt()
 
 
-def _prebuild(ref: Reference) -> None:
+def _prebuild(ref: Reference, ended: Callable[[], None]) -> None:
+    """Build fastokens from the folder's tokenizer.json while transformers loads it in the reference
+    process (the stage used to wait for this build: it began only once transformers had loaded),
+    then keep it if transformers runs that same pipeline (`engines.prebuild`)."""
+    try:
+        _build_ahead(ref)
+    finally:
+        ended()
+
+
+def _build_ahead(ref: Reference) -> None:
     with contextlib.suppress(Exception):  # whatever fails here fails again, reported, in the check
+        early = None
+        path = ref.folder / "tokenizer.json"
+        with contextlib.suppress(Exception):
+            text = path.read_text(encoding="utf-8")
+            early = (text, engines.fastokens_tokenizer(text))
         info = ref.info(str(ref.folder))
-        engines.prebuild(info.backend_json, info.split_special_tokens)
+        engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, early)
