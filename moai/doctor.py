@@ -41,6 +41,7 @@ class Facts:
 ENV_VARS = (
     "TOKENIZERS_PARALLELISM",
     "RAYON_NUM_THREADS",
+    "FASTOKENS_BPE_THREADS",
     "OMP_NUM_THREADS",
     "DATASET_NUM_PROC",
     "DATASET_BATCH_SIZE",
@@ -182,6 +183,16 @@ def _env_checks(env: dict[str, str], env_error: str | None, cores: int) -> list[
                 "warn",
                 f"{rayon} of {cores} cores for tokenizing in one process",
                 "unset it unless you share the machine",
+            )
+        )
+    fastokens = env.get("FASTOKENS_BPE_THREADS")
+    if fastokens and fastokens.isdigit() and cores > 2 and int(fastokens) < cores:
+        out.append(
+            Check(
+                "FASTOKENS_BPE_THREADS",
+                "warn",
+                f"{fastokens} of {cores} cores for fastokens in one process",
+                "unset it unless you share the machine (moai sizes fastokens' pool itself)",
             )
         )
     if env.get("OMP_NUM_THREADS") == "1":

@@ -48,6 +48,7 @@ def test_a_good_machine_passes_everything():
         ({"env": {"TOKENIZERS_PARALLELISM": "false"}}, "TOKENIZERS_PARALLELISM", "warn"),
         ({"env": {"RAYON_NUM_THREADS": "2"}}, "RAYON_NUM_THREADS", "warn"),
         ({"env": {"OMP_NUM_THREADS": "1"}}, "OMP_NUM_THREADS", "warn"),
+        ({"env": {"FASTOKENS_BPE_THREADS": "2"}}, "FASTOKENS_BPE_THREADS", "warn"),
         ({"env_error": "DATASET_NUM_PROC='x': expected a positive integer"}, "DATASET_* variables", "fail"),
         ({"torch": {}}, "torch", "fail"),
         ({"torch": {"version": "2.13.0", "cuda_devices": []}}, "gpu", "warn"),
