@@ -47,15 +47,22 @@ def lists_of(flat: Flat) -> list[list[int]]:
     return [ids[a:b].tolist() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
 
+def check_ends(flat: Flat, token: int) -> None:
+    """A RuntimeError naming the first text whose ids do not end with `token`, if any."""
+    ids, offsets = flat
+    if len(offsets) < 2:
+        return
+    wrong = np.flatnonzero(ids[offsets[1:] - 1] != token)
+    if len(wrong):
+        raise RuntimeError(f"text {int(wrong[0])} does not end with id {token}")
+
+
 def unwrap_suffix(flat: Flat, token: int) -> Flat:
     """`flat` without the last id of every text, which must be `token` (else a RuntimeError)."""
+    check_ends(flat, token)
     ids, offsets = flat
-    ends = offsets[1:] - 1
-    if len(ends) and (ids[ends] != token).any():
-        i = int(np.flatnonzero(ids[ends] != token)[0])
-        raise RuntimeError(f"text {i} does not end with id {token}")
     keep = np.ones(len(ids), dtype=bool)
-    keep[ends] = False
+    keep[offsets[1:] - 1] = False
     return ids[keep], offsets - np.arange(len(offsets), dtype=np.int64)
 
 
@@ -238,9 +245,11 @@ class FastokensEncoder(_FromFlat):
         self._ready()
         if self.eos != eos_id:
             return super().encode_documents(texts, eos_id)
-        ids, offsets = flat = self._call(texts, True)
-        if len(texts) and (ids[offsets[1:] - 1] != eos_id).any():
-            raise RuntimeError("fastokens' post-processor left out EOS after a document")
+        flat = self._call(texts, True)
+        try:
+            check_ends(flat, eos_id)
+        except RuntimeError as err:
+            raise RuntimeError(f"fastokens' post-processor left out EOS after a document: {err}") from None
         return flat
 
 
