@@ -175,26 +175,21 @@ def _env_checks(env: dict[str, str], env_error: str | None, cores: int) -> list[
                 "unset it; moai sets threads per process itself",
             )
         )
-    rayon = env.get("RAYON_NUM_THREADS")
-    if rayon and rayon.isdigit() and int(rayon) < cores:
-        out.append(
-            Check(
-                "RAYON_NUM_THREADS",
-                "warn",
-                f"{rayon} of {cores} cores for tokenizing in one process",
-                "unset it unless you share the machine",
+    # thread pools a variable caps below the machine's cores (fastokens: moai sets 1 up to 2 cores)
+    for name, what, above, fix in (
+        ("RAYON_NUM_THREADS", "tokenizing", 0, ""),
+        ("FASTOKENS_BPE_THREADS", "fastokens", 2, " (moai sizes fastokens' pool itself)"),
+    ):
+        value = env.get(name)
+        if value and value.isdigit() and cores > above and int(value) < cores:
+            out.append(
+                Check(
+                    name,
+                    "warn",
+                    f"{value} of {cores} cores for {what} in one process",
+                    f"unset it unless you share the machine{fix}",
+                )
             )
-        )
-    fastokens = env.get("FASTOKENS_BPE_THREADS")
-    if fastokens and fastokens.isdigit() and cores > 2 and int(fastokens) < cores:
-        out.append(
-            Check(
-                "FASTOKENS_BPE_THREADS",
-                "warn",
-                f"{fastokens} of {cores} cores for fastokens in one process",
-                "unset it unless you share the machine (moai sizes fastokens' pool itself)",
-            )
-        )
     if env.get("OMP_NUM_THREADS") == "1":
         out.append(
             Check("OMP_NUM_THREADS", "warn", "1: CPU training uses one core per process", "unset it for CPU runs")
