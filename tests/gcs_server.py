@@ -8,14 +8,12 @@ tests of secrets kept out of records are the S3 ones. Stopped by its pid (s3_ser
 
 from __future__ import annotations
 
-import time
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
 
-from s3_server import ServerProcess, _free_ports, started
+from s3_server import OnePortServer, started
 
 
 def fake_gcs_binary() -> str:
@@ -28,22 +26,13 @@ def fake_gcs_binary() -> str:
 
 
 @dataclass
-class GCSServer(ServerProcess):
-    port: int = field(default_factory=lambda: _free_ports(1)[0])
+class GCSServer(OnePortServer):
     log_name: ClassVar[str] = "fake-gcs.log"
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def options(self) -> dict:
         """moai's storage_options for this server: its endpoint, no credentials."""
         return {"endpoint_url": self.endpoint, "token": "anon"}
-
-    def env(self) -> dict[str, str]:
-        """No credentials: the emulator takes anonymous requests."""
-        return {}
 
     def fs(self):
         """A gcsfs client of the test's own, for setting up and checking buckets (the JSON-API
@@ -66,18 +55,7 @@ class GCSServer(ServerProcess):
                 "-log-level=warn",
             ]
         )
-        assert self.process is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"fake-gcs-server exited with {self.process.returncode}:\n{self.logs()}")
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/storage/v1/b", timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        pytest.fail(f"fake-gcs-server did not answer on {self.endpoint} within {timeout_s:.0f} s:\n{self.logs()}")
+        self._wait_answering("fake-gcs-server", f"{self.endpoint}/storage/v1/b", timeout_s)
 
 
 def started_server() -> GCSServer:

@@ -17,36 +17,25 @@ Started in about a second; stopped by its pid (s3_server.ServerProcess).
 from __future__ import annotations
 
 import subprocess
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from s3_server import ServerProcess, _free_ports, started
+from s3_server import OnePortServer, _free_ports, started
 
 ORG = "moai"
 
 
 @dataclass
-class HFServer(ServerProcess):
-    port: int = field(default_factory=lambda: _free_ports(1)[0])
+class HFServer(OnePortServer):
     log_name: ClassVar[str] = "olah.log"
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def options(self) -> dict:
         """moai's storage_options for this server: its endpoint, no token."""
         return {"endpoint": self.endpoint}
-
-    def env(self) -> dict[str, str]:
-        return {}
 
     def fs(self):
         from huggingface_hub import HfFileSystem
@@ -86,20 +75,8 @@ class HFServer(ServerProcess):
         )
         self._spawn([str(OLAH_PYTHON), "-c", "from olah.server import cli; cli()", "-c", str(config),
                      "--log-path", str(self.folder / "logs")])  # fmt: skip
-        assert self.process is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"olah exited with {self.process.returncode}:\n{self.logs()}")
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/api/datasets/{ORG}/none/refs", timeout=1).close()
-                return
-            except urllib.error.HTTPError:
-                return  # it answers (no such repository)
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        pytest.fail(f"olah did not answer on {self.endpoint} within {timeout_s:.0f} s:\n{self.logs()}")
+        # it answers "no such repository" once it serves
+        self._wait_answering("olah", f"{self.endpoint}/api/datasets/{ORG}/none/refs", timeout_s, error_answers=True)
 
 
 # olah runs from a virtual environment of its own (`scripts/setup.sh dev` makes it): its needs pin

@@ -105,6 +105,41 @@ class ServerProcess:
 
 
 @dataclass
+class OnePortServer(ServerProcess):
+    """A server on one free loopback port, plain HTTP, that takes anonymous requests (GCSServer,
+    HFServer): no credentials in the environment."""
+
+    port: int = field(default_factory=lambda: _free_ports(1)[0])
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def _wait_answering(self, name: str, url: str, timeout_s: float, *, error_answers: bool = False) -> None:
+        """Until `url` answers (with an HTTP error status too, where `error_answers`), or fail the
+        test with the server's log: it exited, or did not answer within `timeout_s`."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"{name} exited with {self.process.returncode}:\n{self.logs()}")
+            try:
+                urllib.request.urlopen(url, timeout=1).close()
+                return
+            except urllib.error.HTTPError:
+                if error_answers:
+                    return
+                time.sleep(0.05)
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        pytest.fail(f"{name} did not answer on {self.endpoint} within {timeout_s:.0f} s:\n{self.logs()}")
+
+
+@dataclass
 class S3Server(ServerProcess):
     key: str = "moai-test"
     secret: str = field(default_factory=lambda: "moai-secret-" + secrets.token_hex(8))
