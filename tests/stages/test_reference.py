@@ -59,6 +59,40 @@ def _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir):
 
 
 @pytest.mark.slow
+def test_the_process_ends_once_the_runs_last_tokenize_check_is_done(tmp_path, tokenizer_dir, monkeypatch):
+    """Two sources, one tokenize stage each: the process serves the first stage's check and stays;
+    after the second stage's check it is ended at once, while that stage still encodes (what it
+    holds is freed for the ids' files), not at the end of the run."""
+    from conftest import make_texts, write_jsonl
+
+    seen = []
+    original = reference.checked
+    published = tmp_path / "cache" / "tokenize"
+
+    def checked(ref):
+        before = ref.uses
+        original(ref)
+        if before == 1:
+            ref.process.join(timeout=60)  # ended by the closer thread, now
+        stores = sorted(p.name for p in published.iterdir() if not p.name.startswith("."))
+        seen.append((before, ref.process.is_alive(), ref in reference._running, len(stores)))
+
+    monkeypatch.setattr(reference, "checked", checked)
+    sources = []
+    for name, seed in (("a", 1), ("b", 2)):
+        data = write_jsonl(tmp_path / f"{name}.jsonl", [{"text": t} for t in make_texts(3000, seed=seed)])
+        sources.append({"name": name, "path": str(data), "weight": 1.0})
+    cfg_dict = config_dict(tmp_path, "unused", {"path": str(tokenizer_dir)})
+    del cfg_dict["source"]
+    cfg = parse_config({**cfg_dict, "sources": sources})
+    prepare(cfg, progress=False)
+    # (uses left, alive, served, token stores published): the second check is that of the second
+    # source's stage, before its store is published
+    assert seen == [(2, True, True, 0), (1, False, False, 1)]
+    assert not reference._running
+
+
+@pytest.mark.slow
 def test_only_a_folder_with_the_same_files_is_served(tmp_path, tokenizer_dir, bos_tokenizer_dir):
     copy = tmp_path / "copy"
     shutil.copytree(tokenizer_dir, copy)

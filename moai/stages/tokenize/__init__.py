@@ -148,13 +148,15 @@ def tokenize(
     on_progress: Callable[[float], None] | None = None,
     reference: Reference | None = None,
     prefetched: Callable[[], tuple[list[str], Any] | None] | None = None,
+    checked: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Tokenize every split of a saved DatasetDict folder into a token store in `out_dir`.
 
     `num_proc` × `threads_per_proc` is the split for tiktoken and `tokenizers`; `fast_split`
     (processes, threads) the one for fastokens and gigatoken, which run their own thread pools
     (default: the same). `reference` gives transformers' ids of the sample (default: loaded here);
-    `prefetched` gives the sample and those ids, made while save wrote `text_dir` (`reference`), or None."""
+    `prefetched` gives the sample and those ids, made while save wrote `text_dir` (`reference`), or None;
+    `checked` is called once the check has every id it asks of them."""
 
     entered = time.perf_counter()
     log.info(
@@ -176,7 +178,7 @@ def tokenize(
         # Nothing is published before the check passes; if it keeps another, all is encoded again.
         assert prefetched is not None, "a guess is made only when the sample's ids are made elsewhere"
         choice, sampled_ahead, check_seconds, started, results, again = _encode_beside_check(
-            info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, guess, progress, on_progress
+            info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, checked, guess, progress, on_progress
         )
         num_proc, threads_per_proc = 1, threads
         extra = {"check_beside_encoding": True, "encoded_twice": again}
@@ -188,10 +190,12 @@ def tokenize(
                 # Workers start now (spawn, imports) while this process checks the engine; each builds
                 # its encoder from the checked set-up before its first part (`encode_part_with`).
                 pool = _start_pool(stack, *classic)
-            checked = time.perf_counter()
+            check_started = time.perf_counter()
             ahead = prefetched() if prefetched is not None else None  # waits for them: part of the check
             choice = choose_encoder(info, text_dir, engine, threads, reference, ahead)
-            check_seconds = time.perf_counter() - checked
+            if checked is not None:
+                checked()
+            check_seconds = time.perf_counter() - check_started
             sampled_ahead = ahead is not None
             num_proc, threads_per_proc = fast if choice.engine in FAST_ENGINES else classic
             if choice.setup.threads != threads_per_proc:
@@ -262,7 +266,7 @@ def _speculation(info, text_dir: Path, engine: str, fast: tuple[int, int], prefe
 
 
 def _encode_beside_check(
-    info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, guess, progress, on_progress
+    info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, checked, guess, progress, on_progress
 ):
     """Encode every part with the guessed engine while the check runs in a thread; keep the parts if
     the check keeps that engine, else encode them all again with the one it chose. Returns the
@@ -278,6 +282,8 @@ def _encode_beside_check(
         t0 = time.perf_counter()
         ahead = prefetched()
         choice = choose_encoder(info, text_dir, engine, threads, reference, ahead, built={setup.engine: encoder})
+        if checked is not None:
+            checked()
         return choice, ahead is not None, time.perf_counter() - t0
 
     with ThreadPoolExecutor(1, thread_name_prefix="moai-check") as ex:
@@ -434,11 +440,19 @@ def build(ctx, out: Path) -> dict[str, Any]:
         on_progress=ctx.on_progress,
         reference=None if ref is None else ref.ids,
         prefetched=None if ref is None else functools.partial(ref.prefetched, ctx.inputs["save"].key),
+        checked=None if ref is None else functools.partial(_checked, ref),
     )
     if ref is not None and report["check_sampled_ahead"]:
         # of the sample's documents, how many transformers had encoded while filter ran (the rest: during save)
         report["check_sample_encoded_during_filter"] = ref.ready
     return report
+
+
+def _checked(ref) -> None:
+    """The stage's check is done with the reference process `ref` (`reference.checked`)."""
+    from moai.stages.tokenize import reference
+
+    reference.checked(ref)
 
 
 def _reference(info: TokenizerInfo):

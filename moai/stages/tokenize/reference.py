@@ -17,6 +17,9 @@ origin as it is and picks validation rows by a function of the row count) and en
 documents it lacks. The tokenize stage then takes the sample and its ids (`prefetched`, by save's
 key) instead of sampling and waiting for transformers: 0.03-0.06 s of checking left on a 565 MB
 corpus, 0.51 s before (`docs/performance.md`).
+
+Once the last tokenize stage of the run has its check's answer (`checked`), the process ends: the
+~600 MB transformers holds go back to the system while that stage still encodes and writes.
 """
 
 from __future__ import annotations
@@ -102,8 +105,9 @@ def _serve(conn, folder: str) -> None:
 class Reference:
     """A tokenizer folder loaded by transformers in another process."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, uses: int | None = None):
         self.folder = folder
+        self.uses = uses  # tokenize stages of the run that will check against it (None: unknown)
         self.fingerprint = _files_fingerprint(folder)
         ctx = get_context("spawn")
         self.conn, child = ctx.Pipe()
@@ -115,6 +119,8 @@ class Reference:
         self.ready: int | None = None  # of the last sample taken, documents transformers encoded ahead
         self._lock = threading.Lock()  # one request and its answer at a time (the prebuild thread asks too)
         self._send_lock = threading.Lock()  # one message being sent at a time
+        self._close_lock = threading.Lock()
+        self._closed = False
 
     def _recv(self) -> Any:
         try:
@@ -173,12 +179,33 @@ class Reference:
     def close(self) -> None:
         """End the process now: it holds nothing to save, and a clean exit of transformers and torch
         takes ~1 s that a finished run would wait for."""
-        self.process.kill()
-        self.process.join()
-        self.conn.close()
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.process.kill()
+            self.process.join()
+            self.conn.close()
 
 
 _running: list[Reference] = []
+_uses_lock = threading.Lock()
+
+
+def checked(ref: Reference) -> None:
+    """A tokenize stage's check has transformers' ids from `ref` and asks nothing more. After the
+    last such stage of the run (`Reference.uses`), the process is ended now, in the background:
+    what it holds (~600 MB for a 131k vocabulary) is freed while that stage writes its ids, and the
+    pages the system gets back are those the ids' files are then written into."""
+    with _uses_lock:
+        if ref.uses is None:
+            return
+        ref.uses -= 1
+        if ref.uses > 0:
+            return
+        if ref in _running:
+            _running.remove(ref)
+    threading.Thread(target=ref.close, daemon=True, name="moai-reference-close").start()
 
 
 def for_folder(folder: str | Path) -> Reference | None:
@@ -235,7 +262,9 @@ def prefetch(config: PipelineConfig) -> Iterator[Reference | None]:
     if folder is None:
         yield None
         return
-    ref = Reference(folder)
+    from moai.pipeline.graph import nodes
+
+    ref = Reference(folder, uses=sum(n.stage.name == "tokenize" for n in nodes(config)))
     _running.append(ref)
     # Meanwhile the fastest engine is built from the folder's tokenizer.json, before it is needed
     # (parsing a 131k vocabulary takes fastokens ~1.3 CPU s), and kept if transformers runs that same
@@ -247,7 +276,9 @@ def prefetch(config: PipelineConfig) -> Iterator[Reference | None]:
     try:
         yield ref
     finally:
-        _running.remove(ref)
+        with _uses_lock:
+            if ref in _running:
+                _running.remove(ref)
         ref.close()
         engines.drop_prebuilt()
 
