@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from moai.errors import DataError
 from moai.formats.text import (
@@ -221,8 +220,3 @@ def processes(plan, text_bytes: int | None = None) -> int:
     if text_bytes is None:
         return cores
     return max(1, min(cores, text_bytes // MIN_BYTES_PER_WORKER))
-
-
-def text_column(texts: pa.Array) -> list[str]:
-    """A batch of texts as Python strings (a null as "")."""
-    return pc.fill_null(texts, "").to_pylist()

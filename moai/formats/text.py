@@ -236,6 +236,12 @@ def open_split_table(dataset_dir: Path | str, split: str | None = None) -> pa.Ta
     return MappedTable(dataset_dir, split).table
 
 
+def text_list(texts: pa.Array | pa.ChunkedArray) -> list[str]:
+    """Texts as Python strings, a null as "". `fill_null` would copy every text even where there
+    is no null (a sixth of the tokenize stage's reading on a 600 MB corpus), so only then."""
+    return (texts.fill_null("") if texts.null_count else texts).to_pylist()
+
+
 def text_bytes(table: pa.Table) -> np.ndarray:
     """The UTF-8 byte length of each row of a text table (0 for a null), as int64."""
     import pyarrow.compute as pc

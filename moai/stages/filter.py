@@ -68,7 +68,7 @@ def reason_masks(cfg: FilterConfig, texts):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    text = texts.fill_null("")
+    text = texts.fill_null("") if texts.null_count else texts  # fill_null copies every text
     length = pc.utf8_length(pc.utf8_trim_whitespace(text))
     empty = pc.equal(length, 0)
     short = pc.and_(pc.invert(empty), pc.less(length, cfg.min_chars))

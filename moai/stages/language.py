@@ -15,8 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from moai.clean.rows import judged_stage, text_column
+from moai.clean.rows import judged_stage
 from moai.config import LanguageConfig, PipelineConfig
+from moai.formats.text import text_list
 from moai.stages.chain import declare
 
 NAME = "language"
@@ -38,7 +39,7 @@ def settings(config: PipelineConfig) -> dict[str, Any]:
 def judge(texts: pa.Array, cfg: LanguageConfig) -> tuple[list[str | None], None, dict[str, int]]:
     from moai.clean import language as lid
 
-    found = lid.judge(text_column(texts), cfg)
+    found = lid.judge(text_list(texts), cfg)
     return list(found.reasons), None, {"code_exempt": found.code_exempt}
 
 

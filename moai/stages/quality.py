@@ -14,8 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from moai.clean.rows import judged_stage, text_column
+from moai.clean.rows import judged_stage
 from moai.config import PipelineConfig, QualityConfig
+from moai.formats.text import text_list
 from moai.stages.chain import declare
 
 NAME = "quality"
@@ -38,7 +39,7 @@ def judge(texts: pa.Array, params: tuple[list, str]) -> tuple[list[str | None], 
     from moai.clean import quality as rules_mod
 
     rules, code = params
-    found = rules_mod.judge(text_column(texts), rules, code=code)
+    found = rules_mod.judge(text_list(texts), rules, code=code)
     return list(found.reasons), None, {"code_exempt": found.code_exempt}
 
 
