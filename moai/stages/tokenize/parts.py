@@ -91,6 +91,9 @@ class PartJob:
 # long one sat idle until that one was done (a fifth of the wall time on 2 cores, 601 MB corpus).
 BATCHES_AHEAD = 6
 WRITES_AHEAD = 12  # pieces encoded and waiting for the writer thread (each ~BATCH_MAX_BYTES of ids)
+# Rows taken out of Arrow into Python strings at a time. That holds the GIL throughout, and an
+# encode thread coming back from fastokens waits for it: ~0.6 ms at a time instead of ~1.5 ms.
+READ_ROWS = 1024
 
 
 class Profile:
@@ -171,7 +174,9 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
                 before = int(cum[lo - 1]) if lo else 0
                 by_bytes = int(np.searchsorted(cum, before + BATCH_MAX_BYTES - size, side="left")) + 1
                 hi = min(len(cum), lo + job.batch_size - docs, max(by_bytes, lo + 1), large[0])
-                texts = text_list(table.slice(job.start + lo, hi - lo).column(0))
+                texts = []
+                for at in range(job.start + lo, job.start + hi, READ_ROWS):
+                    texts += text_list(table.slice(at, min(READ_ROWS, job.start + hi - at)).column(0))
                 group.append((job, texts))
                 docs, size = docs + (hi - lo), size + int(cum[hi - 1]) - before
                 lo = hi
