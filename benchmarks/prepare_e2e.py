@@ -16,6 +16,9 @@ process; datatrove and the seeds' way: their main process, workers not counted):
   timed, all cores): fastokens `encode_batch_flat`, gigatoken's native `encode_batch` (arrays) and
   its HF-compatible call, tiktoken (the tokenizer.json translated, when it can be), `tokenizers`
   `encode_batch_fast`, and transformers' own `tokenizer(texts)`;
+- `fastokens-files`: fastokens with the reading and writing any tokenize stage must do around it
+  (texts out of the saved Arrow files into strings, ids and document ends into files), one step
+  after the other as a plain script would, no check (not a candidate for "fastest raw");
 - with `--datatrove`: datatrove's `DocumentTokenizer` (its `tokenizers` batch encode and token
   files; its `.metadata` files give the token count) over the same texts, one task per core;
 - with `--encode-files`: gigatoken `encode_files` over a JSONL of the same texts in a "text"
@@ -60,7 +63,9 @@ import time
 from pathlib import Path
 
 CORES = os.cpu_count() or 1
-RAW = ["fastokens", "gigatoken", "gigatoken-hf", "tiktoken", "tokenizers", "transformers"]
+RAW = ["fastokens", "gigatoken", "gigatoken-hf", "tiktoken", "tokenizers", "transformers", "fastokens-files"]
+# Not an engine: fastokens with a stage's reading and writing, done plainly (not the fastest raw)
+WITH_FILES = "fastokens-files"
 
 
 def _texts(saved: Path) -> list[str]:
@@ -109,6 +114,8 @@ def _encoder(kind: str, tokenizer: Path):
 
 
 def run_raw(kind: str, saved: Path, tokenizer: Path) -> dict:
+    if kind == WITH_FILES:
+        return run_fastokens_files(saved, tokenizer)
     texts = _texts(saved)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
     encode = _encoder(kind, tokenizer)
@@ -116,6 +123,40 @@ def run_raw(kind: str, saved: Path, tokenizer: Path) -> dict:
     started = time.perf_counter()
     tokens = sum(encode(texts[i : i + 10_000]) for i in range(0, len(texts), 10_000))
     return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb}
+
+
+def run_fastokens_files(saved: Path, tokenizer: Path) -> dict:
+    """fastokens with the reading and writing any tokenize stage must do, one step after the other
+    as a plain script would (no check, no overlap): each batch of ~4 MB of the saved text taken out
+    of the Arrow files into strings, encoded (its pool of all cores, BOS/EOS from the tokenizer's
+    template), its ids and document ends written to a file (page cache, no fsync, as moai's
+    stage). Timed from the first read to the last write."""
+    import fastokens
+    import numpy as np
+
+    from moai.formats.text import open_split_table, text_bytes
+
+    ft = fastokens.Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+    ft.encode_batch_flat(["warm-up"] * 64, add_special_tokens=True)
+    out = saved.parent / "fastokens-files"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    tables = {split: open_split_table(saved, split) for split in ("train", "validation")}
+    mb = sum(float(text_bytes(t).sum()) for t in tables.values()) / 1e6
+    tokens = 0
+    started = time.perf_counter()
+    for split in ("train", "validation"):
+        column = tables[split].column(0)
+        with open(out / f"{split}.bin", "wb") as ids_file, open(out / f"{split}.idx", "wb") as ends_file:
+            for at in range(0, len(column), 2500):  # ~4 MB of these texts
+                texts = column.slice(at, 2500).to_pylist()
+                ids, offsets = ft.encode_batch_flat(texts, add_special_tokens=True)
+                ids_file.write(ids)
+                ends_file.write((np.frombuffer(offsets, np.uint64)[1:] + tokens).astype("<i8").tobytes())
+                tokens += len(ids) // 4
+    seconds = time.perf_counter() - started
+    shutil.rmtree(out, ignore_errors=True)
+    return {"seconds": seconds, "tokens": tokens, "mb": mb}
 
 
 def run_datatrove(saved: Path, tokenizer: Path, work: Path) -> dict:
@@ -443,7 +484,7 @@ def report(rows: dict[str, list[dict]], checks: dict[str, str]) -> None:
         return min(ok, key=lambda r: r["seconds"]) if ok else None
 
     moai = best("moai")
-    raw = {k: best(k) for k in RAW if best(k)}
+    raw = {k: best(k) for k in RAW if k != WITH_FILES and best(k)}
     fastest = max(raw.values(), key=lambda r: r["mb"] / r["seconds"]) if raw else None
     print("| contender | seconds (best) | tokens | tokens/s | MB/s | × moai end to end | peak RSS MB (largest; tree) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -475,13 +516,20 @@ def report(rows: dict[str, list[dict]], checks: dict[str, str]) -> None:
         )
         print(f"moai stages (s): {moai['stages']}; tokenize: {moai.get('tokenize_parts')}")
         for i, m in enumerate(rows.get("moai", [])):  # the same ratio within each round (load falls on both)
-            same = [rows[k][i] for k in RAW if k in rows and i < len(rows[k]) and "error" not in rows[k][i]]
+            same = [rows[k][i] for k in raw if i < len(rows[k]) and "error" not in rows[k][i]]
             if "error" in m or not same:
                 continue
             f = min(same, key=lambda r: r["seconds"])
+            io = rows.get(WITH_FILES, [])
+            io_ratio = (
+                f"; fastokens reading and writing as the stage does ({WITH_FILES}) {io[i]['seconds']:.2f} s: "
+                f"{io[i]['seconds'] / m['tokenize_seconds']:.2f}×"
+                if i < len(io) and "error" not in io[i]
+                else ""
+            )
             print(
                 f"round {i + 1}: tokenize stage {m['tokenize_seconds']:.2f} s, fastest raw {f['seconds']:.2f} s: "
-                f"{f['seconds'] / m['tokenize_seconds']:.2f}×"
+                f"{f['seconds'] / m['tokenize_seconds']:.2f}×{io_ratio}"
             )
     q = best("moai (quarter)")
     if moai and q and moai.get("peak_rss_mb") and q.get("peak_rss_mb"):
