@@ -242,7 +242,7 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
         overview(artifacts.overview_markdown(done, config, plan))
         return result
 
-    with reference.prefetch(config):  # transformers loads the given tokenizer meanwhile, in its own process
+    with reference.prefetch(config, plan):  # transformers loads the given tokenizer meanwhile, in its own process
         results = pipeline.walk(config, run, root_values=fingerprint_task(config))
     out = summary(results)
     if config.train is not None and config.train.enabled:

@@ -99,7 +99,7 @@ def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = T
     another process meanwhile, for the tokenizer and tokenize stages' checks (`reference`)."""
     from moai.stages.tokenize import reference
 
-    with reference.prefetch(config):
+    with reference.prefetch(config, plan):
         return summary(walk(config, lambda name, inputs: run_stage(config, name, inputs, plan=plan, progress=progress)))
 
 

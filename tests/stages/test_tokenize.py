@@ -329,6 +329,28 @@ def test_fastokens_pool_is_one_thread_a_call_up_to_two_cores_and_a_users_setting
     assert os.environ["FASTOKENS_BPE_THREADS"] == "3"
 
 
+def test_a_prebuild_given_the_threads_sizes_the_pool_and_leaves_the_encoder_ready(tokenizer_dir, monkeypatch):
+    """With the plan's threads, `prebuild` sizes fastokens' pool and makes the encoder ready (its
+    EOS step appended and probed), so the stage's first calls wait for nothing; without, it
+    encodes nothing. Either way the ids are transformers' + EOS."""
+    monkeypatch.delenv("FASTOKENS_BPE_THREADS", raising=False)
+    info = describe(load_tokenizer(str(tokenizer_dir)), str(tokenizer_dir), "fp")
+    setup = dataclasses.replace(engine_module.engine_setup("fastokens", info, 1), eos_id=info.eos_id)
+    engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id)
+    idle = engines.take_prebuilt(setup)
+    assert idle is not None and idle._pending_eos == info.eos_id and idle.eos is None
+    assert "FASTOKENS_BPE_THREADS" not in os.environ
+    engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, threads=2)
+    ready = engines.take_prebuilt(setup)
+    assert ready is not None and ready._pending_eos is None and ready.eos == info.eos_id
+    assert os.environ["FASTOKENS_BPE_THREADS"] == "1"
+    hf = load_tokenizer(str(tokenizer_dir))
+    texts = ["hello world", "", "한국어 문서 and code: def f(x): return x"]
+    want = [[*hf(t)["input_ids"], info.eos_id] for t in texts]
+    for encoder in (idle, ready):
+        assert engines.lists_of(encoder.encode_documents(texts, info.eos_id)) == want
+
+
 def test_the_tokenizer_json_built_early_is_kept_only_for_the_same_pipeline(tokenizer_dir):
     """`prebuild` takes fastokens built from the folder's file before transformers loaded it when
     transformers runs that same pipeline; another pipeline is built again. `take_prebuilt` waits

@@ -182,7 +182,7 @@ class FastokensEncoder(_FromFlat):
     EOS, no copy), and `encode_flat` takes that EOS off again: the check compares exactly
     what this call gives. Where the step does not give the same ids plus EOS on a probe, the
     post-processor is put back and EOS goes in by NumPy (`wrap`). The step is set at the first
-    call, after `size_fastokens_pool`: any encode starts fastokens' pool."""
+    call (`ready`), after `size_fastokens_pool`: any encode starts fastokens' pool."""
 
     name = "fastokens"
 
@@ -192,7 +192,7 @@ class FastokensEncoder(_FromFlat):
         self.tok.no_truncation()
         self.tok.no_padding()
         self.split = setup.split_special_tokens
-        self.eos: int | None = None  # the id the post-processor appends (set by `_ready`)
+        self.eos: int | None = None  # the id the post-processor appends (set by `ready`)
         self._pending_eos = setup.eos_id
         self._lock = threading.Lock()
 
@@ -200,7 +200,10 @@ class FastokensEncoder(_FromFlat):
         ids, offsets = self.tok.encode_batch_flat(texts, add_special_tokens=special, split_special_tokens=self.split)
         return np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
 
-    def _ready(self) -> None:
+    def ready(self) -> None:
+        """Append the EOS step and probe it (the tokenizer's first encode, ~25 ms), once; every
+        call does it first. `prebuild` does it ahead, off the stage's path (with it the stage's
+        encode threads waited on the check's first call, 0.03-0.1 s into the stage)."""
         if self._pending_eos is None:
             return
         with self._lock:
@@ -235,14 +238,14 @@ class FastokensEncoder(_FromFlat):
         return None
 
     def encode_flat(self, texts: list[str], add_special_tokens: bool = True) -> Flat:
-        self._ready()
+        self.ready()
         flat = self._call(texts, add_special_tokens)
         if add_special_tokens and self.eos is not None:
             return unwrap_suffix(flat, self.eos)
         return flat
 
     def encode_documents(self, texts: list[str], eos_id: int) -> Flat:
-        self._ready()
+        self.ready()
         if self.eos != eos_id:
             return super().encode_documents(texts, eos_id)
         flat = self._call(texts, True)
@@ -370,18 +373,28 @@ def fastokens_tokenizer(pipeline_json: str) -> Any:
 
 
 def prebuild(
-    backend_json: str, split_special_tokens: bool, eos_id: int | None, early: tuple[str, Any] | None = None
+    backend_json: str,
+    split_special_tokens: bool,
+    eos_id: int | None,
+    early: tuple[str, Any] | None = None,
+    threads: int | None = None,
 ) -> None:
     """Build fastokens for this pipeline now (in a thread, while other stages run), for `build` to
-    take; only fastokens, whose encoder does not depend on the thread count. It encodes nothing
-    (that would start its pool before the stage sizes it). `early`: a tokenizer.json text and
-    fastokens' tokenizer of it, built before transformers had loaded the folder; taken when that
-    file describes the same pipeline transformers runs (`same_pipeline`), else built again."""
+    take; only fastokens, whose encoder does not depend on the thread count. `early`: a
+    tokenizer.json text and fastokens' tokenizer of it, built before transformers had loaded the
+    folder; taken when that file describes the same pipeline transformers runs (`same_pipeline`),
+    else built again. `threads`: the cores the tokenize stage will give it (the plan's); its pool
+    is sized for them and the encoder made `ready` (its first encode starts the pool). Without,
+    it encodes nothing."""
     from moai.stages.tokenize.engine import EncoderSetup
 
     setup = EncoderSetup(backend_json, split_special_tokens, "fastokens", 1, False, eos_id=eos_id)
     tok = early[1] if early is not None and same_pipeline(early[0], backend_json) else None
-    _prebuilt[(setup.engine, backend_json, split_special_tokens, eos_id)] = FastokensEncoder(setup, tok)
+    encoder = FastokensEncoder(setup, tok)
+    if threads is not None:
+        size_fastokens_pool(threads)
+        encoder.ready()
+    _prebuilt[(setup.engine, backend_json, split_special_tokens, eos_id)] = encoder
 
 
 def same_pipeline(file_json: str, backend_json: str) -> bool:

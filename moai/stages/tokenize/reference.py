@@ -39,6 +39,7 @@ from moai.workers import interrupts_left_to_parent
 
 if TYPE_CHECKING:
     from moai.config import PipelineConfig
+    from moai.hardware import Plan
     from moai.stages.tokenizer import TokenizerInfo
 
 log = logging.getLogger("moai.stages.tokenize")
@@ -256,8 +257,10 @@ def _tell(message: tuple) -> None:
 
 
 @contextlib.contextmanager
-def prefetch(config: PipelineConfig) -> Iterator[Reference | None]:
-    """Load the config's tokenizer with transformers in another process for the length of the block."""
+def prefetch(config: PipelineConfig, plan: Plan | None = None) -> Iterator[Reference | None]:
+    """Load the config's tokenizer with transformers in another process for the length of the
+    block. `plan`: the run's (default: the one `run_stage` makes), for the threads of fastokens'
+    pool, which is started ahead too."""
     folder = _wanted(config)
     if folder is None:
         yield None
@@ -272,7 +275,7 @@ def prefetch(config: PipelineConfig) -> Iterator[Reference | None]:
     # (the tokenizer's warnings) go where the run's go.
     run = contextvars.copy_context().run
     ended = engines.prebuild_begins()
-    threading.Thread(target=run, args=(_prebuild, ref, ended), daemon=True, name="moai-prebuild").start()
+    threading.Thread(target=run, args=(_prebuild, ref, ended, config, plan), daemon=True, name="moai-prebuild").start()
     try:
         yield ref
     finally:
@@ -283,17 +286,30 @@ def prefetch(config: PipelineConfig) -> Iterator[Reference | None]:
         engines.drop_prebuilt()
 
 
-def _prebuild(ref: Reference, ended: Callable[[], None]) -> None:
+def _prebuild(ref: Reference, ended: Callable[[], None], config: PipelineConfig, plan: Plan | None) -> None:
     """Build fastokens from the folder's tokenizer.json while transformers loads it in the reference
     process (the stage used to wait for this build: it began only once transformers had loaded),
-    then keep it if transformers runs that same pipeline (`engines.prebuild`)."""
+    then keep it if transformers runs that same pipeline (`engines.prebuild`), ready to encode."""
     try:
-        _build_ahead(ref)
+        _build_ahead(ref, _fast_threads(config, plan))
     finally:
         ended()
 
 
-def _build_ahead(ref: Reference) -> None:
+def _fast_threads(config: PipelineConfig, plan: Plan | None) -> int | None:
+    """The threads a tokenize process of this run gives fastokens (the plan's `fast_engines`)."""
+    try:
+        if plan is None:
+            from moai.config import read_env
+            from moai.hardware import detect, plan as make_plan
+
+            plan = make_plan(detect(config.cache_dir, with_gpus=False), config, read_env())
+        return int(plan.fast_engines.value[1])
+    except Exception:  # the stage sizes the pool itself, before its first encode
+        return None
+
+
+def _build_ahead(ref: Reference, threads: int | None) -> None:
     with contextlib.suppress(Exception):  # whatever fails here fails again, reported, in the check
         early = None
         path = ref.folder / "tokenizer.json"
@@ -301,4 +317,4 @@ def _build_ahead(ref: Reference) -> None:
             text = path.read_text(encoding="utf-8")
             early = (text, engines.fastokens_tokenizer(text))
         info = ref.info(str(ref.folder))
-        engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, early)
+        engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, early, threads)
