@@ -107,6 +107,19 @@ def test_only_a_folder_with_the_same_files_is_served(tmp_path, tokenizer_dir, bo
     assert reference.for_folder(copy) is None and not ref.process.is_alive()
 
 
+def test_the_prebuild_thread_has_ended_when_the_block_ends(tmp_path, tokenizer_dir):
+    """A run that ends at once (every stage reused) leaves no prebuild thread behind: one still in
+    fastokens' Rust code when Python exits is unwound by force and aborts the process."""
+    import threading
+
+    cfg = parse_config(config_dict(tmp_path, "x.jsonl", {"path": str(tokenizer_dir)}))
+    for _ in range(3):
+        with reference.prefetch(cfg) as ref:
+            assert ref is not None
+        assert not [t for t in threading.enumerate() if t.name == "moai-prebuild"]
+        assert not engines._prebuilt
+
+
 @pytest.mark.slow
 def test_a_tokenizer_the_process_cannot_load_is_one_error_naming_it(tmp_path, tokenizer_dir):
     broken = tmp_path / "broken"

@@ -274,24 +274,33 @@ def prefetch(config: PipelineConfig, plan: Plan | None = None) -> Iterator[Refer
     # pipeline; the check still decides whether it is used. In this thread's context, so its log lines
     # (the tokenizer's warnings) go where the run's go.
     run = contextvars.copy_context().run
-    ended = engines.prebuild_begins()
-    threading.Thread(target=run, args=(_prebuild, ref, ended, config, plan), daemon=True, name="moai-prebuild").start()
+    ended, stop = engines.prebuild_begins(), threading.Event()
+    args = (_prebuild, ref, ended, config, plan, stop)
+    builder = threading.Thread(target=run, args=args, daemon=True, name="moai-prebuild")
+    builder.start()
     try:
         yield ref
     finally:
+        stop.set()
         with _uses_lock:
             if ref in _running:
                 _running.remove(ref)
-        ref.close()
+        ref.close()  # a prebuild waiting for the description gets EOF now
+        # It may be in fastokens (Rust) code: a thread still there when Python exits is unwound by
+        # force and the process aborts ("FATAL: exception not rethrown"). It stops at its next step.
+        builder.join()
         engines.drop_prebuilt()
 
 
-def _prebuild(ref: Reference, ended: Callable[[], None], config: PipelineConfig, plan: Plan | None) -> None:
+def _prebuild(
+    ref: Reference, ended: Callable[[], None], config: PipelineConfig, plan: Plan | None, stop: threading.Event
+) -> None:
     """Build fastokens from the folder's tokenizer.json while transformers loads it in the reference
     process (the stage used to wait for this build: it began only once transformers had loaded),
-    then keep it if transformers runs that same pipeline (`engines.prebuild`), ready to encode."""
+    then keep it if transformers runs that same pipeline (`engines.prebuild`), ready to encode.
+    Each step first looks at `stop` (the run is over)."""
     try:
-        _build_ahead(ref, _fast_threads(config, plan))
+        _build_ahead(ref, _fast_threads(config, plan), stop)
     finally:
         ended()
 
@@ -309,12 +318,14 @@ def _fast_threads(config: PipelineConfig, plan: Plan | None) -> int | None:
         return None
 
 
-def _build_ahead(ref: Reference, threads: int | None) -> None:
+def _build_ahead(ref: Reference, threads: int | None, stop: threading.Event) -> None:
     with contextlib.suppress(Exception):  # whatever fails here fails again, reported, in the check
         early = None
         path = ref.folder / "tokenizer.json"
         with contextlib.suppress(Exception):
             text = path.read_text(encoding="utf-8")
-            early = (text, engines.fastokens_tokenizer(text))
+            if not stop.is_set():
+                early = (text, engines.fastokens_tokenizer(text))
         info = ref.info(str(ref.folder))
-        engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, early, threads)
+        if not stop.is_set():
+            engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, early, threads)
