@@ -199,6 +199,13 @@ SMALL_MACHINE_CORES = 4
 WORKER_BASE_GB = 0.4
 
 
+def data_plan(config: PipelineConfig) -> Plan:
+    """The plan for data stages: this machine read now (no GPU probe), the config, DATASET_* settings."""
+    from moai.config import read_env
+
+    return plan(detect(config.cache_dir, with_gpus=False), config, read_env())
+
+
 def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None) -> Plan:
     """Turn hardware + config (+ DATASET_* environment settings) into resource decisions."""
     env = env or {}

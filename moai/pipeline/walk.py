@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from moai.config import PipelineConfig, read_env
-from moai.hardware import Plan, detect, plan as make_plan
+from moai.config import PipelineConfig
+from moai.hardware import Plan, data_plan
 from moai.pipeline.graph import (
     BuildContext,
     Inputs,
@@ -52,7 +52,7 @@ def run_stage(
     def build(out: Path) -> dict[str, Any]:
         ctx = BuildContext(
             cfg,
-            plan or make_plan(detect(config.cache_dir, with_gpus=False), config, read_env()),
+            plan or data_plan(config),
             stage_in,
             store,
             key,

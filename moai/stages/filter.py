@@ -24,6 +24,7 @@ from moai.formats.text import (
     TEXT_SCHEMA,
     MappedTable,
     copy_origin_files,
+    filled,
     text_batch,
     text_batches,
     text_bytes,
@@ -68,7 +69,7 @@ def reason_masks(cfg: FilterConfig, texts):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    text = texts.fill_null("") if texts.null_count else texts  # fill_null copies every text
+    text = filled(texts)
     length = pc.utf8_length(pc.utf8_trim_whitespace(text))
     empty = pc.equal(length, 0)
     short = pc.and_(pc.invert(empty), pc.less(length, cfg.min_chars))

@@ -425,6 +425,8 @@ def build(ctx, out: Path) -> dict[str, Any]:
         return tokenize_chat_source(ctx.config, info, ctx.path("save"), out, sharded="num_shards" in ctx.options)
     if "num_shards" in ctx.options:
         return units.merge(ctx.store, ctx.key, info, ctx.path("save"), out, ctx.options["num_shards"] or None)
+    from moai.stages.tokenize import reference
+
     p = ctx.plan
     ref = _reference(info)
     report = tokenize(
@@ -440,19 +442,12 @@ def build(ctx, out: Path) -> dict[str, Any]:
         on_progress=ctx.on_progress,
         reference=None if ref is None else ref.ids,
         prefetched=None if ref is None else functools.partial(ref.prefetched, ctx.inputs["save"].key),
-        checked=None if ref is None else functools.partial(_checked, ref),
+        checked=None if ref is None else functools.partial(reference.checked, ref),
     )
     if ref is not None and report["check_sampled_ahead"]:
         # of the sample's documents, how many transformers had encoded while filter ran (the rest: during save)
         report["check_sample_encoded_during_filter"] = ref.ready
     return report
-
-
-def _checked(ref) -> None:
-    """The stage's check is done with the reference process `ref` (`reference.checked`)."""
-    from moai.stages.tokenize import reference
-
-    reference.checked(ref)
 
 
 def _reference(info: TokenizerInfo):
@@ -481,8 +476,7 @@ def run_unit(
     config: PipelineConfig, key: str, inputs: dict[str, Any], *, shard_index: int, num_shards: int
 ) -> dict[str, Any]:
     """One `moai tokenize-shard` unit: encode and publish its parts of the stage output `key`."""
-    from moai.config import read_env
-    from moai.hardware import detect, plan as make_plan
+    from moai.hardware import data_plan
     from moai.stages.tokenize import units
     from moai.store import Store
 
@@ -490,7 +484,7 @@ def run_unit(
         from moai.config import ConfigError
 
         raise ConfigError("source.format chat is tokenized in one process: run moai prepare, not tokenize-shard units")
-    p = make_plan(detect(config.cache_dir, with_gpus=False), config, read_env())
+    p = data_plan(config)
     tok = inputs["tokenizer"]
     return units.run_shard(
         Store(config.cache_dir),

@@ -307,13 +307,10 @@ def _prebuild(
 
 def _fast_threads(config: PipelineConfig, plan: Plan | None) -> int | None:
     """The threads a tokenize process of this run gives fastokens (the plan's `fast_engines`)."""
-    try:
-        if plan is None:
-            from moai.config import read_env
-            from moai.hardware import detect, plan as make_plan
+    from moai.hardware import data_plan
 
-            plan = make_plan(detect(config.cache_dir, with_gpus=False), config, read_env())
-        return int(plan.fast_engines.value[1])
+    try:
+        return int((plan or data_plan(config)).fast_engines.value[1])
     except Exception:  # the stage sizes the pool itself, before its first encode
         return None
 
