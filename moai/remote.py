@@ -188,6 +188,9 @@ def explain(url: str, err: BaseException, doing: str = "read", options: str = "s
         "could not connect" in low
         or "cannot connect to host" in low  # aiohttp's, under gcsfs
         or ("connect" in low and ("refused" in low or "timeout" in low))
+        # the server went away in the middle of a response (aiohttp's, under s3fs and gcsfs)
+        or "payload is not completed" in low
+        or "server disconnected" in low
     ):
         fix = (
             f"cannot reach the endpoint ({_short(text)}): check {options}.endpoint_url and that the "

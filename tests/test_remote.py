@@ -297,6 +297,26 @@ def test_a_remote_object_streams_with_bounded_memory(tmp_path, s3_server, s3_buc
     assert peak < 2 * 3 * 4.2e6 + 16e6, f"peak {peak / 1e6:.0f} MB while fetching 2 objects of 48 MB at once"
 
 
+def test_a_response_cut_short_names_the_lost_server():
+    """Which error a killed server gives depends on when it dies: refused connections, or (in the
+    middle of a response) aiohttp's payload errors. Each is named as a lost server."""
+    import aiohttp
+
+    from moai.remote import explain
+
+    for err in (
+        aiohttp.ClientPayloadError(
+            "Response payload is not completed: <ContentLengthError: 400, message='Not enough data to satisfy "
+            "content length header (received 4194092 of 4194304 bytes).'>"
+        ),
+        aiohttp.ServerDisconnectedError("Server disconnected"),
+        ConnectionRefusedError(111, "Connection refused"),
+    ):
+        message = str(explain("s3://b/a.jsonl.zst", err))
+        assert message.startswith("cannot read s3://b/a.jsonl.zst: cannot reach the endpoint"), message
+        assert "check storage_options.endpoint_url" in message
+
+
 def test_a_server_lost_mid_read_is_named_as_such_not_as_a_corrupt_file(tmp_path, s3_server, s3_bucket):
     """Read by the parser's thread and fetched ahead by a thread of its own, alike."""
     import os
