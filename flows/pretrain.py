@@ -218,6 +218,8 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
 
     def run(name: str, inputs: Inputs) -> StageResult:
         fresh = not pipeline.is_published(config, name, inputs)
+        if fresh:
+            building()
         options = None
         stage = pipeline.split_name(name)[0]
         if stage in pipeline.UNIT_STAGES and fresh and config.runner.kind != "local":
@@ -242,7 +244,8 @@ def _pretrain(config: PipelineConfig) -> dict[str, Any]:
         overview(artifacts.overview_markdown(done, config, plan))
         return result
 
-    with reference.prefetch(config, plan):  # transformers loads the given tokenizer meanwhile, in its own process
+    # From the first stage to build, transformers loads the given tokenizer meanwhile, in its own process
+    with reference.prefetch_when_building(config, plan) as building:
         results = pipeline.walk(config, run, root_values=fingerprint_task(config))
     out = summary(results)
     if config.train is not None and config.train.enabled:

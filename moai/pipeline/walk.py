@@ -95,12 +95,19 @@ def is_published(config: PipelineConfig, name: str, inputs: Inputs) -> bool:
 
 
 def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run every data stage (no Prefect) and return `summary`. transformers loads the tokenizer in
-    another process meanwhile, for the tokenizer and tokenize stages' checks (`reference`)."""
+    """Run every data stage (no Prefect) and return `summary`. From the first stage to build,
+    transformers loads the tokenizer in another process meanwhile, for the tokenizer and tokenize
+    stages' checks (`reference`)."""
     from moai.stages.tokenize import reference
 
-    with reference.prefetch(config, plan):
-        return summary(walk(config, lambda name, inputs: run_stage(config, name, inputs, plan=plan, progress=progress)))
+    with reference.prefetch_when_building(config, plan) as building:
+
+        def run(name: str, inputs: Inputs) -> StageResult:
+            if not is_published(config, name, inputs):
+                building()
+            return run_stage(config, name, inputs, plan=plan, progress=progress)
+
+        return summary(walk(config, run))
 
 
 def merge(config: PipelineConfig, num_shards: int | None = None) -> dict[str, Any]:

@@ -92,6 +92,30 @@ def test_the_process_ends_once_the_runs_last_tokenize_check_is_done(tmp_path, to
     assert not reference._running
 
 
+def test_a_run_that_reuses_every_stage_starts_no_process(tmp_path, corpus, tokenizer_dir, monkeypatch):
+    """The process starts with the first stage a run builds: a cold run starts one, the same run
+    again (every stage reused) none; removing the token store starts one for that stage alone."""
+    started = []
+    original = reference.Reference.__init__
+
+    def counting(self, *args, **kwargs):
+        started.append(args[0])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(reference.Reference, "__init__", counting)
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
+    first = prepare(cfg, progress=False)
+    assert len(started) == 1 and all(s["built"] for s in first["stages"].values())
+    again = prepare(cfg, progress=False)
+    assert len(started) == 1, "a run that built nothing started transformers' process"
+    assert not any(s["built"] for s in again["stages"].values()) and again["token_store"] == first["token_store"]
+    shutil.rmtree(first["token_store"])
+    third = prepare(cfg, progress=False)
+    assert len(started) == 2 and [n for n, s in third["stages"].items() if s["built"]] == ["tokenize"]
+    assert third["stages"]["tokenize"]["key"] == first["stages"]["tokenize"]["key"]
+    assert not reference._running
+
+
 @pytest.mark.slow
 def test_only_a_folder_with_the_same_files_is_served(tmp_path, tokenizer_dir, bos_tokenizer_dir):
     copy = tmp_path / "copy"

@@ -292,6 +292,23 @@ def prefetch(config: PipelineConfig, plan: Plan | None = None) -> Iterator[Refer
         engines.drop_prebuilt()
 
 
+@contextlib.contextmanager
+def prefetch_when_building(config: PipelineConfig, plan: Plan | None = None) -> Iterator[Callable[[], None]]:
+    """`prefetch` from the first stage the run builds, for the rest of the block: call the function
+    it gives before building a stage. A run that reuses every stage starts no transformers process
+    (before, it started one for nothing: ~2.5 CPU-s and ~650 MB on a cached 601 MB corpus)."""
+    with contextlib.ExitStack() as stack:
+        started = False
+
+        def building() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                stack.enter_context(prefetch(config, plan))
+
+        yield building
+
+
 def _prebuild(
     ref: Reference, ended: Callable[[], None], config: PipelineConfig, plan: Plan | None, stop: threading.Event
 ) -> None:
