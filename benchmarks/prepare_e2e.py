@@ -19,6 +19,11 @@ process; datatrove and the seeds' way: their main process, workers not counted):
 - `fastokens-files`: fastokens with the reading and writing any tokenize stage must do around it
   (texts out of the saved Arrow files into strings, ids and document ends into files), one step
   after the other as a plain script would, no check (not a candidate for "fastest raw");
+- `fastokens-as-moai`: fastokens called the way moai's tokenize stage calls it, texts in memory,
+  nothing read or written: its pool sized by `size_fastokens_pool` (one thread a call up to 2
+  cores), two calls in flight on two threads, ~4 MB of text a call, EOS from its post-processor
+  (not a candidate for "fastest raw" either: that is the engine as its own API runs it). Against it,
+  the stage's ratio is what the reading, writing and the check cost;
 - with `--datatrove`: datatrove's `DocumentTokenizer` (its `tokenizers` batch encode and token
   files; its `.metadata` files give the token count) over the same texts, one task per core;
 - with `--encode-files`: gigatoken `encode_files` over a JSONL of the same texts in a "text"
@@ -63,9 +68,21 @@ import time
 from pathlib import Path
 
 CORES = os.cpu_count() or 1
-RAW = ["fastokens", "gigatoken", "gigatoken-hf", "tiktoken", "tokenizers", "transformers", "fastokens-files"]
-# Not an engine: fastokens with a stage's reading and writing, done plainly (not the fastest raw)
+RAW = [
+    "fastokens",
+    "gigatoken",
+    "gigatoken-hf",
+    "tiktoken",
+    "tokenizers",
+    "transformers",
+    "fastokens-files",
+    "fastokens-as-moai",
+]
+# Not engines as their own API runs them (not the fastest raw): fastokens with a stage's reading and
+# writing, done plainly; fastokens called as the stage calls it, without the reading and writing
 WITH_FILES = "fastokens-files"
+AS_MOAI = "fastokens-as-moai"
+NOT_RAW = (WITH_FILES, AS_MOAI)
 
 
 def _texts(saved: Path) -> list[str]:
@@ -116,6 +133,8 @@ def _encoder(kind: str, tokenizer: Path):
 def run_raw(kind: str, saved: Path, tokenizer: Path) -> dict:
     if kind == WITH_FILES:
         return run_fastokens_files(saved, tokenizer)
+    if kind == AS_MOAI:
+        return run_fastokens_as_moai(saved, tokenizer)
     texts = _texts(saved)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
     encode = _encoder(kind, tokenizer)
@@ -157,6 +176,39 @@ def run_fastokens_files(saved: Path, tokenizer: Path) -> dict:
     seconds = time.perf_counter() - started
     shutil.rmtree(out, ignore_errors=True)
     return {"seconds": seconds, "tokens": tokens, "mb": mb}
+
+
+def run_fastokens_as_moai(saved: Path, tokenizer: Path) -> dict:
+    """fastokens as the tokenize stage calls it (`AS_MOAI` in the module docstring): the stage's own
+    encoder (`engines.FastokensEncoder`, EOS put in by its post-processor) and pool size, two calls
+    in flight on two threads over ~4 MB batches in order, the texts in memory and no file touched.
+    Timed from the first call to the last result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from moai.stages.tokenize import engines
+    from moai.stages.tokenize.engine import EncoderSetup
+    from moai.stages.tokenize.parts import BATCH_MAX_BYTES
+    from moai.stages.tokenizer import load_tokenizer
+
+    texts = _texts(saved)
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    eos = load_tokenizer(str(tokenizer)).eos_token_id  # the id the stage puts after every document
+    engines.size_fastokens_pool(CORES)  # before the first encode, as the stage does
+    setup = EncoderSetup((tokenizer / "tokenizer.json").read_text(), False, "fastokens", CORES, False, eos_id=eos)
+    encoder = engines.FastokensEncoder(setup)
+    encoder.ready()
+    batches, batch, size = [], [], 0
+    for t in texts:
+        batch.append(t)
+        size += len(t)
+        if size >= BATCH_MAX_BYTES:
+            batches.append(batch)
+            batch, size = [], 0
+    batches += [batch] if batch else []
+    started = time.perf_counter()
+    with ThreadPoolExecutor(engines.CALLS_IN_FLIGHT) as pool:
+        tokens = sum(len(ids) for ids, _ in pool.map(lambda b: encoder.encode_documents(b, eos), batches))
+    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb}
 
 
 def run_datatrove(saved: Path, tokenizer: Path, work: Path) -> dict:
@@ -484,7 +536,7 @@ def report(rows: dict[str, list[dict]], checks: dict[str, str]) -> None:
         return min(ok, key=lambda r: r["seconds"]) if ok else None
 
     moai = best("moai")
-    raw = {k: best(k) for k in RAW if k != WITH_FILES and best(k)}
+    raw = {k: best(k) for k in RAW if k not in NOT_RAW and best(k)}
     fastest = max(raw.values(), key=lambda r: r["mb"] / r["seconds"]) if raw else None
     print("| contender | seconds (best) | tokens | tokens/s | MB/s | × moai end to end | peak RSS MB (largest; tree) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -520,16 +572,18 @@ def report(rows: dict[str, list[dict]], checks: dict[str, str]) -> None:
             if "error" in m or not same:
                 continue
             f = min(same, key=lambda r: r["seconds"])
-            io = rows.get(WITH_FILES, [])
-            io_ratio = (
-                f"; fastokens reading and writing as the stage does ({WITH_FILES}) {io[i]['seconds']:.2f} s: "
-                f"{io[i]['seconds'] / m['tokenize_seconds']:.2f}×"
-                if i < len(io) and "error" not in io[i]
-                else ""
-            )
+            extra = ""
+            for name, what in (
+                (WITH_FILES, "fastokens reading and writing as a plain script"),
+                (AS_MOAI, "fastokens called as the stage calls it, no I/O"),
+            ):
+                other = rows.get(name, [])
+                if i < len(other) and "error" not in other[i]:
+                    ratio = other[i]["seconds"] / m["tokenize_seconds"]
+                    extra += f"; {what} ({name}) {other[i]['seconds']:.2f} s: {ratio:.2f}×"
             print(
                 f"round {i + 1}: tokenize stage {m['tokenize_seconds']:.2f} s, fastest raw {f['seconds']:.2f} s: "
-                f"{f['seconds'] / m['tokenize_seconds']:.2f}×{io_ratio}"
+                f"{f['seconds'] / m['tokenize_seconds']:.2f}×{extra}"
             )
     q = best("moai (quarter)")
     if moai and q and moai.get("peak_rss_mb") and q.get("peak_rss_mb"):
