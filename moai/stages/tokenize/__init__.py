@@ -39,7 +39,7 @@ import resource
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -170,59 +170,73 @@ def tokenize(
     fast = (max(1, min(fast_split[0], len(jobs))), fast_split[1]) if fast_split is not None else classic
     threads = (fast if engine_is_fast(engine) else classic)[1]
     size_fastokens_pool(fast[1])  # before this process's first fastokens encode
-    extra: dict[str, Any] = {}
-    guess = _speculation(info, text_dir, engine, fast, prefetched, threads)
-    if guess is not None:
-        # The check waits for transformers' ids of its sample (made during save, perhaps not yet
-        # done): meanwhile the parts are encoded with the engine it keeps when that one is exact.
-        # Nothing is published before the check passes; if it keeps another, all is encoded again.
-        assert prefetched is not None, "a guess is made only when the sample's ids are made elsewhere"
-        choice, sampled_ahead, check_seconds, started, results, again = _encode_beside_check(
-            info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, checked, guess, progress, on_progress
-        )
-        num_proc, threads_per_proc = 1, threads
-        extra = {"check_beside_encoding": True, "encoded_twice": again}
-    else:
-        with contextlib.ExitStack() as stack:
-            pool = None
-            spawned_at = time.time()
-            if classic[0] > 1 and not engines_fast_possible(engine):
-                # Workers start now (spawn, imports) while this process checks the engine; each builds
-                # its encoder from the checked set-up before its first part (`encode_part_with`).
-                pool = _start_pool(stack, *classic)
-            check_started = time.perf_counter()
-            ahead = prefetched() if prefetched is not None else None  # waits for them: part of the check
-            choice = choose_encoder(info, text_dir, engine, threads, reference, ahead)
-            if checked is not None:
-                checked()
-            check_seconds = time.perf_counter() - check_started
-            sampled_ahead = ahead is not None
-            num_proc, threads_per_proc = fast if choice.engine in FAST_ENGINES else classic
-            if choice.setup.threads != threads_per_proc:
-                choice = dataclasses.replace(
-                    choice, setup=dataclasses.replace(choice.setup, threads=threads_per_proc), encoder=None
-                )
-            if pool is None and num_proc > 1:
+    for split in SPLITS:
+        (out_dir / split).mkdir(parents=True, exist_ok=True)
+    # What does not depend on the ids is done beside the check and the encoding, not after them:
+    # each part's origins, and the text's size
+    with ThreadPoolExecutor(1, thread_name_prefix="moai-origins") as beside:
+        side = beside.submit(_origins_and_text_mb, text_dir, out_dir, jobs)
+        extra: dict[str, Any] = {}
+        guess = _speculation(info, text_dir, engine, fast, prefetched, threads)
+        if guess is not None:
+            # The check waits for transformers' ids of its sample (made during save, perhaps not yet
+            # done): meanwhile the parts are encoded with the engine it keeps when that one is exact.
+            # Nothing is published before the check passes; if it keeps another, all is encoded again.
+            assert prefetched is not None, "a guess is made only when the sample's ids are made elsewhere"
+            choice, sampled_ahead, check_seconds, started, results, again = _encode_beside_check(
+                info,
+                text_dir,
+                out_dir,
+                jobs,
+                engine,
+                threads,
+                reference,
+                prefetched,
+                checked,
+                guess,
+                progress,
+                on_progress,
+            )
+            num_proc, threads_per_proc = 1, threads
+            extra = {"check_beside_encoding": True, "encoded_twice": again}
+        else:
+            with contextlib.ExitStack() as stack:
+                pool = None
                 spawned_at = time.time()
-                pool = _start_pool(stack, num_proc, threads_per_proc)
-            for split in SPLITS:
-                (out_dir / split).mkdir(parents=True, exist_ok=True)
-            warm_up = choice.sample[:WARM_UP_DOCUMENTS]
-            if pool is None:
-                init_encoder(choice.setup, None, warm_up, encoder=choice.encoder)
-            else:
-                setup_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="moai-encoder-")))
-                setup_file = setup_dir / "setup.pickle"
-                setup_file.write_bytes(pickle.dumps((choice.setup, threads_per_proc, warm_up, spawned_at)))
-            started = time.perf_counter()
-            setup_path = None if pool is None else str(setup_file)
-            results = _encode_all(jobs, pool, setup_path, started, progress, on_progress)
+                if classic[0] > 1 and not engines_fast_possible(engine):
+                    # Workers start now (spawn, imports) while this process checks the engine; each builds
+                    # its encoder from the checked set-up before its first part (`encode_part_with`).
+                    pool = _start_pool(stack, *classic)
+                check_started = time.perf_counter()
+                ahead = prefetched() if prefetched is not None else None  # waits for them: part of the check
+                choice = choose_encoder(info, text_dir, engine, threads, reference, ahead)
+                if checked is not None:
+                    checked()
+                check_seconds = time.perf_counter() - check_started
+                sampled_ahead = ahead is not None
+                num_proc, threads_per_proc = fast if choice.engine in FAST_ENGINES else classic
+                if choice.setup.threads != threads_per_proc:
+                    choice = dataclasses.replace(
+                        choice, setup=dataclasses.replace(choice.setup, threads=threads_per_proc), encoder=None
+                    )
+                if pool is None and num_proc > 1:
+                    spawned_at = time.time()
+                    pool = _start_pool(stack, num_proc, threads_per_proc)
+                warm_up = choice.sample[:WARM_UP_DOCUMENTS]
+                if pool is None:
+                    init_encoder(choice.setup, None, warm_up, encoder=choice.encoder)
+                else:
+                    setup_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="moai-encoder-")))
+                    setup_file = setup_dir / "setup.pickle"
+                    setup_file.write_bytes(pickle.dumps((choice.setup, threads_per_proc, warm_up, spawned_at)))
+                started = time.perf_counter()
+                setup_path = None if pool is None else str(setup_file)
+                results = _encode_all(jobs, pool, setup_path, started, progress, on_progress)
     seconds = time.perf_counter() - started
     dtype = token_dtype(info.vocab_size)
-    write_origins(text_dir, out_dir, [(j.split, j.index, j.start, j.stop) for j in jobs])
+    text_mb = side.result()
     counts = store_counts(write_store_meta(info, out_dir, results), results)
     own_mb, workers_mb = _peak_rss_mb()
-    text_mb = sum(float(text_bytes(MappedTable(text_dir, split).table).sum()) for split in SPLITS) / 1e6
     return {
         **counts,
         **timing(text_mb, started),
@@ -244,6 +258,12 @@ def tokenize(
         "warnings": info.warnings,
         **extra,
     }
+
+
+def _origins_and_text_mb(text_dir: Path, out_dir: Path, jobs: list[PartJob]) -> float:
+    """Write each part's origins (`write_origins`); the megabytes of text of every split."""
+    write_origins(text_dir, out_dir, [(j.split, j.index, j.start, j.stop) for j in jobs])
+    return sum(float(text_bytes(MappedTable(text_dir, split).table).sum()) for split in SPLITS) / 1e6
 
 
 def _speculation(info, text_dir: Path, engine: str, fast: tuple[int, int], prefetched, threads: int):
@@ -275,8 +295,6 @@ def _encode_beside_check(
     from concurrent.futures import ThreadPoolExecutor
 
     setup, encoder = guess
-    for split in SPLITS:
-        (out_dir / split).mkdir(parents=True, exist_ok=True)
 
     def check():
         t0 = time.perf_counter()
