@@ -16,7 +16,7 @@ process; datatrove and the seeds' way: their main process, workers not counted):
   timed, all cores): fastokens `encode_batch_flat`, gigatoken's native `encode_batch` (arrays) and
   its HF-compatible call, tiktoken (the tokenizer.json translated, when it can be), `tokenizers`
   `encode_batch_fast`, and transformers' own `tokenizer(texts)`; each at every `--raw-batch` size
-  (documents a call; default 1000 and 10000, each its own contender, named `engine @size`: an
+  (documents a call; default 500, 1000 and 10000, each its own contender, named `engine @size`: an
   engine's speed depends on it, fastokens on 2 cores took 0.81-0.87 s at 250-1000 documents a call
   and 1.0 s at 10,000 on the 601 MB corpus), the fastest of them all being "the fastest raw engine";
 - `fastokens-files`: fastokens with the reading and writing any tokenize stage must do around it
@@ -448,7 +448,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--raw", nargs="*", default=RAW, help="raw engines to run")
     parser.add_argument(
-        "--raw-batch", nargs="+", type=int, default=[1000, 10_000], help="documents a call for the raw engines"
+        "--raw-batch", nargs="+", type=int, default=[500, 1000, 10_000], help="documents a call for the raw engines"
     )
     parser.add_argument("--quarter", action="store_true", help="moai on the first quarter of the lines too (RSS)")
     parser.add_argument("--encode-files", action="store_true", help="gigatoken encode_files on the JSONL")
