@@ -3,8 +3,8 @@ the tokenizer's description and the check's ids from it, the ids stay exact, and
 the very same files is served by it."""
 
 import json
-import time
 import shutil
+import time
 from pathlib import Path
 
 import datasets
