@@ -513,11 +513,10 @@ def main() -> None:
                 contenders.append(("moai (quarter)", [*qbase, "--run", "moai", str(work / "moai-q")]))
             contenders += [(f"moai {x}", [*base, "--run", "moai", str(work / "moai"), x]) for x in args.splits]
             for k in args.raw:
-                if k in NOT_RAW or len(args.raw_batch) == 1:
-                    size = [] if k in NOT_RAW else [str(args.raw_batch[0])]
-                    contenders.append((k, [*base, "--run", k, str(saved), *size]))
-                else:
-                    contenders += [(f"{k} @{n}", [*base, "--run", k, str(saved), str(n)]) for n in args.raw_batch]
+                sizes = [[]] if k in NOT_RAW else [[str(n)] for n in args.raw_batch]  # NOT_RAW: its own batches
+                for size in sizes:
+                    name = k if len(sizes) == 1 else f"{k} @{size[0]}"
+                    contenders.append((name, [*base, "--run", k, str(saved), *size]))
             if args.encode_files:
                 contenders.append(("gigatoken encode_files", [*base, "--run", "encode-files", str(texts_jsonl)]))
             if args.datatrove:

@@ -292,8 +292,6 @@ def _encode_beside_check(
     the check keeps that engine, else encode them all again with the one it chose. Returns the
     choice, whether its sample came ahead, the check's seconds, when the kept encoding started, the
     parts' results, and whether they were encoded twice."""
-    from concurrent.futures import ThreadPoolExecutor
-
     setup, encoder = guess
 
     def check():
