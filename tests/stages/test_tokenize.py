@@ -3,6 +3,7 @@
 
 import dataclasses
 import itertools
+import json
 import os
 import re
 from pathlib import Path
@@ -280,6 +281,42 @@ def test_fastokens_puts_eos_after_every_document_in_its_post_processor(tok):
     assert engines.lists_of(enc.encode_flat(TEXTS, True)) == want
     plain = [hf(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     assert engines.lists_of(enc.encode_flat(TEXTS, False)) == plain
+
+
+def test_fastokens_folds_eos_into_the_tokenizers_own_template(tok):
+    """A tokenizer whose post-processor is a template (BOS in one of these) gets EOS at the end of
+    that template: one pass over each document's ids, not a second step after it."""
+    hf, info = tok
+    own = json.loads(str(engines.fastokens_tokenizer(info.backend_json).post_processor))
+    assert own["type"] == "TemplateProcessing"  # as transformers saves them
+    enc = _fastokens(info)
+    enc.ready()
+    processor = json.loads(str(enc.tok.post_processor))
+    assert processor["type"] == "TemplateProcessing"
+    specials = [s.get("SpecialToken", {}).get("id") for s in processor["single"]]
+    assert specials == [s.get("SpecialToken", {}).get("id") for s in own["single"]] + [hf.eos_token]
+    if hf.bos_token_id is not None:
+        assert specials[0] == hf.bos_token
+    ids, offsets = enc.encode_documents(TEXTS, info.eos_id)
+    assert engines.lists_of((ids, offsets)) == [[*hf(t)["input_ids"], info.eos_id] for t in TEXTS]
+
+
+def test_eos_goes_into_the_last_template_only_where_its_name_means_eos():
+    a = {"Sequence": {"id": "A", "type_id": 0}}
+    bos = {"SpecialToken": {"id": "<s>", "type_id": 0}}
+    template = {"type": "TemplateProcessing", "single": [bos, a], "pair": [a], "special_tokens": {}}
+    folded = engines.eos_in_template({"type": "Sequence", "processors": [{"type": "ByteLevel"}, template]}, "</s>", 2)
+    assert folded is not None
+    assert folded["processors"][0] == {"type": "ByteLevel"}
+    assert folded["processors"][1]["single"] == [bos, a, {"SpecialToken": {"id": "</s>", "type_id": 0}}]
+    assert folded["processors"][1]["special_tokens"]["</s>"]["ids"] == [2]
+    assert template["single"] == [bos, a]  # the tokenizer's own is left as it was
+    assert engines.eos_in_template({"type": "ByteLevel"}, "</s>", 2) is None
+    template_first = {"type": "Sequence", "processors": [template, {"type": "ByteLevel"}]}
+    assert engines.eos_in_template(template_first, "</s>", 2) is None
+    assert engines.eos_in_template(None, "</s>", 2) is None
+    taken = {**template, "special_tokens": {"</s>": {"id": "</s>", "ids": [7], "tokens": ["</s>"]}}}
+    assert engines.eos_in_template(taken, "</s>", 2) is None
 
 
 class _IgnoresPostProcessors:

@@ -177,12 +177,12 @@ class FastokensEncoder(_FromFlat):
     little-endian uint32 buffer and uint64 offsets (no Python object per token).
 
     With the set-up's `eos_id`, its post-processor is made to put EOS after the tokenizer's own
-    special tokens (a TemplateProcessing step after the tokenizer's own post-processor), so the
-    parts store its buffer as it comes (`encode_documents`: every text's last id is checked to be
-    EOS, no copy), and `encode_flat` takes that EOS off again: the check compares exactly
-    what this call gives. Where the step does not give the same ids plus EOS on a probe, the
-    post-processor is put back and EOS goes in by NumPy (`wrap`). The step is set at the first
-    call (`ready`), after `size_fastokens_pool`: any encode starts fastokens' pool."""
+    special tokens (at the end of the tokenizer's own template, else in a TemplateProcessing step
+    after its post-processor), so the parts store its buffer as it comes (`encode_documents`:
+    every text's last id is checked to be EOS, no copy), and `encode_flat` takes that EOS off
+    again: the check compares exactly what this call gives. Where neither gives the same ids plus
+    EOS on a probe, the post-processor is put back and EOS goes in by NumPy (`wrap`). EOS is set
+    at the first call (`ready`), after `size_fastokens_pool`: any encode starts fastokens' pool."""
 
     name = "fastokens"
 
@@ -212,13 +212,17 @@ class FastokensEncoder(_FromFlat):
                 self._pending_eos = None
 
     def _append_eos(self, eos_id: int) -> int | None:
-        """Add the EOS step to the post-processor; eos_id if the probe gives the same ids plus EOS."""
+        """Add EOS to the post-processor; eos_id if the probe gives the same ids plus EOS. Folded
+        into the tokenizer's own template where its last step is one (`eos_in_template`: one pass
+        over each document's ids instead of two, 3% of fastokens' time with a Llama-3-style BOS
+        template), else a step after it."""
         token = self.tok.id_to_token(eos_id)
         if token is None:
             return None
         probe = ["a", "", " hello\n"]
         want = wrap(self._call(probe, True), suffix=(eos_id,))
         own = self.tok.post_processor
+        own_json = json.loads(str(own)) if own is not None else None
         a = {"Sequence": {"id": "A", "type_id": 0}}
         step = {
             "type": "TemplateProcessing",
@@ -226,14 +230,16 @@ class FastokensEncoder(_FromFlat):
             "pair": [a, {"Sequence": {"id": "B", "type_id": 1}}],
             "special_tokens": {token: {"id": token, "ids": [eos_id], "tokens": [token]}},
         }
-        steps = [json.loads(str(own))] if own is not None else []
-        try:
-            self.tok.post_processor = json.dumps({"type": "Sequence", "processors": [*steps, step]})
-            got = self._call(probe, True)
-            if all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)):
-                return eos_id
-        except Exception:  # this fastokens cannot: EOS goes in by NumPy
-            pass
+        after = {"type": "Sequence", "processors": [own_json, step] if own_json is not None else [step]}
+        folded = eos_in_template(own_json, token, eos_id)
+        for candidate in [folded, after] if folded is not None else [after]:
+            try:
+                self.tok.post_processor = json.dumps(candidate)
+                got = self._call(probe, True)
+                if all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)):
+                    return eos_id
+            except Exception:  # this fastokens cannot: the next way, or EOS goes in by NumPy
+                pass
         self.tok.post_processor = None if own is None else str(own)
         return None
 
@@ -254,6 +260,26 @@ class FastokensEncoder(_FromFlat):
         except RuntimeError as err:
             raise RuntimeError(f"fastokens' post-processor left out EOS after a document: {err}") from None
         return flat
+
+
+def eos_in_template(post_processor: dict | None, token: str, eos_id: int) -> dict | None:
+    """A post-processor (tokenizers' JSON) whose last step is a TemplateProcessing, with EOS added
+    at the end of that template's single sequence; None when it has no such step. It gives the
+    tokenizer's own ids plus EOS (probed before use, and checked with the rest)."""
+    if post_processor is None:
+        return None
+    if post_processor.get("type") == "Sequence" and post_processor.get("processors"):
+        *head, last = post_processor["processors"]
+        inner = eos_in_template(last, token, eos_id)
+        return None if inner is None else {**post_processor, "processors": [*head, inner]}
+    if post_processor.get("type") != "TemplateProcessing":
+        return None
+    specials = dict(post_processor.get("special_tokens") or {})
+    if token in specials and list(specials[token].get("ids", [])) != [eos_id]:
+        return None  # the name stands for other ids in this template
+    specials.setdefault(token, {"id": token, "ids": [eos_id], "tokens": [token]})
+    single = [*post_processor["single"], {"SpecialToken": {"id": token, "type_id": 0}}]
+    return {**post_processor, "single": single, "special_tokens": specials}
 
 
 class GigatokenEncoder(_FromFlat):
