@@ -44,6 +44,10 @@ process; datatrove and the seeds' way: their main process, workers not counted):
   transformers' ids document by document, outside the timing: `tokenizer(text)` + EOS, and the ids
   without special tokens + EOS (`--append-eod`).
 
+With `--check-moai`, after the rounds (not timed), moai's last token store is compared with
+transformers document by document, the same comparison as Megatron's (`check_ids`): every stored
+document should equal `tokenizer(text)["input_ids"]` + EOS.
+
 The JSONL of the texts moai saved, one "text" field a line, is written once before the round
 (not timed). Besides the largest process's peak RSS, the whole process tree's RSS is sampled
 every 50 ms (the sum; worker processes share pages, so the sum overstates).
@@ -344,12 +348,30 @@ def run_megatron(script: str, texts_jsonl: Path, tokenizer: Path, megatron_lm: P
 
 
 def check_megatron(prefix: str, texts: list[str], tokenizer: Path) -> str:
-    """Megatron's ids against transformers', document by document: `tokenizer(text)` (its template:
-    BOS where it adds one) then EOS, and without special tokens then EOS."""
+    """Megatron's ids against transformers', document by document (`check_ids`)."""
+    return check_ids(*read_megatron(prefix), texts, tokenizer)
+
+
+def read_moai(store: str):
+    """A moai token store's (tokens, document lengths), train then validation: the order of the
+    saved texts (`_texts`)."""
+    import numpy as np
+
+    from moai.formats.tokens import TokenStore
+    from moai.stages.tokenize import SPLITS
+
+    opened = TokenStore(store)
+    splits = [opened.split(name) for name in SPLITS if name in opened.splits]
+    tokens = np.concatenate([s.tokens(0, s.num_tokens) for s in splits])
+    return tokens, np.concatenate([np.diff(s.doc_offsets) for s in splits])
+
+
+def check_ids(tokens, lengths, texts: list[str], tokenizer: Path) -> str:
+    """Ids against transformers', document by document: `tokenizer(text)` (its template: BOS where it
+    adds one) then EOS, and without special tokens then EOS."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer))
-    tokens, lengths = read_megatron(prefix)
     if len(lengths) != len(texts):
         return f"{len(lengths):,} documents, transformers {len(texts):,}"
     ends = lengths.cumsum()
@@ -399,6 +421,7 @@ def run_moai(
         "seconds": seconds,
         "tokens": summary["num_tokens"],
         "mb": corpus.stat().st_size / 1e6,
+        "token_store": str(store),
         "tokenize_seconds": report.get("stage_seconds", report["seconds"] + report.get("check_seconds", 0.0)),
         "tokenize_parts": {
             k: report.get(k) for k in ("seconds", "check_seconds", "check_parts", "check_sampled_ahead")
@@ -454,6 +477,9 @@ def main() -> None:
     parser.add_argument("--encode-files", action="store_true", help="gigatoken encode_files on the JSONL")
     parser.add_argument("--datatrove", action="store_true", help="datatrove's DocumentTokenizer on the texts")
     parser.add_argument("--old-way", action="store_true", help="the seeds' datasets.load_dataset + .map way")
+    parser.add_argument(
+        "--check-moai", action="store_true", help="moai's last token store against transformers, every document"
+    )
     parser.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout: run its preprocess scripts")
     parser.add_argument("--megatron-python", default=sys.executable, help="the python that runs Megatron's scripts")
     parser.add_argument("--splits", nargs="*", default=[], help="moai again with tokenize PxT set, e.g. 2x1")
@@ -535,6 +561,9 @@ def main() -> None:
                 rows.setdefault(name, []).append(r)
                 print(f"{name}: {r}", file=sys.stderr, flush=True)
         checks = {}
+        stores = [r["token_store"] for r in rows.get("moai", []) if Path(r.get("token_store", "")).is_dir()]
+        if args.check_moai and stores:  # the last round's store against transformers, not timed
+            checks["moai"] = check_ids(*read_moai(stores[-1]), _texts(saved), args.tokenizer)
         for script in megatron:  # the last round's outputs against transformers, not timed
             prefix = work / f"megatron-{script}" / "megatron_text_document"
             if prefix.with_suffix(".idx").exists():
