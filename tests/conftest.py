@@ -42,18 +42,23 @@ def make_texts(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def load_clean_corpus():
-    """benchmarks/clean_corpus.py as a module (the held-out-style corpus generator, with its truth)."""
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module, loaded once."""
     import importlib.util
 
-    if "clean_corpus" in sys.modules:
-        return sys.modules["clean_corpus"]
-    spec = importlib.util.spec_from_file_location("clean_corpus", ROOT / "benchmarks" / "clean_corpus.py")
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def load_clean_corpus():
+    """benchmarks/clean_corpus.py as a module (the held-out-style corpus generator, with its truth)."""
+    return load_benchmark("clean_corpus")
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

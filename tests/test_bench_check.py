@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from conftest import ROOT, make_texts, saved_text
+from conftest import load_benchmark, make_texts, saved_text
 from moai.stages import tokenize as tk
 from moai.stages.tokenizer import describe, load_tokenizer
 
 
-def _bench():
-    if "prepare_e2e" in sys.modules:
-        return sys.modules["prepare_e2e"]
-    spec = importlib.util.spec_from_file_location("prepare_e2e", ROOT / "benchmarks" / "prepare_e2e.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_check_counts_every_document_and_names_the_first_that_differs(tmp_path, bos_tokenizer_dir):
-    bench = _bench()
+    bench = load_benchmark("prepare_e2e")
     texts = [*make_texts(300, seed=5), "", "한국어 문장 <bos> as text"]
     saved = saved_text(tmp_path, texts)
     hf = load_tokenizer(str(bos_tokenizer_dir))
