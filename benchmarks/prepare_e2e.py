@@ -561,7 +561,8 @@ def main() -> None:
                 rows.setdefault(name, []).append(r)
                 print(f"{name}: {r}", file=sys.stderr, flush=True)
         checks = {}
-        stores = [r["token_store"] for r in rows.get("moai", []) if Path(r.get("token_store", "")).is_dir()]
+        stores = [r["token_store"] for r in rows.get("moai", []) if r.get("token_store")]
+        stores = [s for s in stores if Path(s).is_dir()]  # a later run may have removed it
         if args.check_moai and stores:  # the last round's store against transformers, not timed
             checks["moai"] = check_ids(*read_moai(stores[-1]), _texts(saved), args.tokenizer)
         for script in megatron:  # the last round's outputs against transformers, not timed
