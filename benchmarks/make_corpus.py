@@ -12,6 +12,13 @@ N times (a 4× corpus for the memory check).
 lines are the input, the rest the answer), for the many-small-documents case:
 
     python benchmarks/make_corpus.py --out bench/instruct.jsonl --records 40000 --tokenizer-out bench/tok-instruct
+
+--korean DIR makes every --korean-every'th record's output Korean prose of the same size in bytes:
+sentences of the .txt files under DIR, drawn at random (seeded). The Korean text of the docs'
+runs is the corpus konlpy's wheel ships (constitution, news, Wikipedia extracts):
+
+    pip download konlpy==0.6.0 --no-deps -d bench/kp && unzip -q bench/kp/konlpy-0.6.0-*.whl -d bench/kp
+    python benchmarks/make_corpus.py --out bench/ko.jsonl --records 360000 --korean bench/kp/konlpy/data/corpus
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import argparse
 import json
+import random
+import re
 from pathlib import Path
 
 EXTENSIONS = {".py", ".c", ".h", ".js", ".md", ".rst", ".txt"}
@@ -65,6 +74,23 @@ def records(texts, n: int, size: int):
                     return
 
 
+def korean_outputs(recs: list[dict], folder: Path, every: int) -> None:
+    """Every `every`th record's output (from the first) replaced by Korean sentences from the .txt
+    files under `folder`, drawn at random (seed 0) until it is at least as long in bytes."""
+    text = "".join(p.read_text(encoding="utf-8") for p in sorted(folder.glob("**/*.txt")))
+    sentences = [s.strip() for s in re.split(r"(?<=[.다])\s+|\n+", text) if len(s.strip()) > 10]
+    if not sentences:
+        raise SystemExit(f"--korean {folder}: no sentences in its .txt files")
+    rng = random.Random(0)
+    for r in recs[::every]:
+        want, parts, size = len(r["output"].encode()), [], 0
+        while size < want:
+            s = rng.choice(sentences)
+            parts.append(s)
+            size += len(s.encode()) + 1
+        r["output"] = " ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path)
@@ -75,6 +101,8 @@ def main() -> None:
     )
     parser.add_argument("--records", type=int, help="write this many instruction records instead")
     parser.add_argument("--record-bytes", type=int, default=1600)
+    parser.add_argument("--korean", type=Path, help="with --records: a folder of Korean .txt files (see above)")
+    parser.add_argument("--korean-every", type=int, default=3, help="with --korean: one record in this many")
     parser.add_argument("--tokenizer-out", type=Path, help="also train a byte-level BPE on the corpus, saved here")
     parser.add_argument("--vocab-size", type=int, default=32000)
     args = parser.parse_args()
@@ -91,6 +119,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.records:  # the records' text, as the tokenize stage will see it (text_template)
         recs = list(records(docs, args.records, args.record_bytes))
+        if args.korean:
+            korean_outputs(recs, args.korean, args.korean_every)
         lines = [json.dumps(r, ensure_ascii=False) for r in recs]
         docs = [f"{r['instruction']}\n{r['input']}\n{r['output']}" for r in recs]
         size = sum(len(t.encode()) for t in docs)
