@@ -162,7 +162,9 @@ def _token_counts(texts: list[str], src: SourceConfig, config: PipelineConfig) -
         assert config.tokenizer.train is not None
         t = config.tokenizer.train
         tok = train_bpe(iter([texts]), t.vocab_size, t.min_frequency, length=len(texts))
-    encoded = tok.encode_batch(texts, add_special_tokens=src.format != "chat")
+    # the ids of encode_batch without the offsets, which the count does not need (~20% less time)
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    encoded = encode(texts, add_special_tokens=src.format != "chat")
     return np.fromiter((len(e.ids) + 1 for e in encoded), dtype=np.int64, count=len(texts))  # + EOS
 
 

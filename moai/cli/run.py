@@ -17,8 +17,10 @@ def _prepare_cmd(args: argparse.Namespace) -> int:
     from moai.preflight import require
 
     config = resolve_config(args.config)
-    require(config, resume=False)  # the model is checked against the data settings; output_dir is not
-    result = prepare(config, progress=not args.no_progress and sys.stderr.isatty())
+    # the model is checked against the data settings (output_dir is not), before any stage runs
+    result = prepare(
+        config, progress=not args.no_progress and sys.stderr.isatty(), first=lambda: require(config, resume=False)
+    )
     _print_stages(result)
     print(json.dumps(result))
     return 0

@@ -94,13 +94,24 @@ def is_published(config: PipelineConfig, name: str, inputs: Inputs) -> bool:
     return Store(config.cache_dir).exists(node(config, name).stage.name, key_of(config, name, inputs))
 
 
-def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = True) -> dict[str, Any]:
+def prepare(
+    config: PipelineConfig,
+    plan: Plan | None = None,
+    progress: bool = True,
+    first: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
     """Run every data stage (no Prefect) and return `summary`. From the first stage to build,
     transformers loads the tokenizer in another process meanwhile, for the tokenizer and tokenize
-    stages' checks (`reference`)."""
+    stages' checks (`reference`). `first` (the preflight checks) runs before the stages; on a cold
+    cache (`cold_cache`) transformers starts loading before it, so its 2-3 s of imports and loading
+    go beside the checks instead of after them (a 68 MB corpus: the tokenizer stage waited 1.8 s)."""
     from moai.stages.tokenize import reference
 
     with reference.prefetch_when_building(config, plan) as building:
+        if first is not None:
+            if cold_cache(config):
+                building()
+            first()
 
         def run(name: str, inputs: Inputs) -> StageResult:
             if not is_published(config, name, inputs):
@@ -108,6 +119,13 @@ def prepare(config: PipelineConfig, plan: Plan | None = None, progress: bool = T
             return run_stage(config, name, inputs, plan=plan, progress=progress)
 
         return summary(walk(config, run))
+
+
+def cold_cache(config: PipelineConfig) -> bool:
+    """Does the cache hold no token store at all (a first run: every stage up to tokenize will be
+    built)? Looked up without fingerprinting anything; a run that finds one starts transformers
+    only if a stage is built (`prepare`)."""
+    return not any((Path(config.cache_dir).expanduser() / tokenize.NAME).glob("*/_manifest.json"))
 
 
 def merge(config: PipelineConfig, num_shards: int | None = None) -> dict[str, Any]:

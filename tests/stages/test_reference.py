@@ -12,9 +12,10 @@ import pytest
 
 from conftest import config_dict
 from moai.config import parse_config
-from moai.errors import TokenizerError
+from moai.errors import ConfigError, TokenizerError
 from moai.formats.tokens import TokenStore
 from moai.pipeline import prepare
+from moai.pipeline.walk import cold_cache
 from moai.stages import tokenizer as tokenizer_stage
 from moai.stages.tokenize import engines, reference
 from moai.stages.tokenize.engine import sample_rows, sample_texts
@@ -119,6 +120,35 @@ def test_a_run_that_reuses_every_stage_starts_no_process(tmp_path, corpus, token
     assert len(started) == 2 and [n for n, s in third["stages"].items() if s["built"]] == ["tokenize"]
     assert third["stages"]["tokenize"]["key"] == first["stages"]["tokenize"]["key"]
     assert not reference._running
+
+
+def test_on_a_cold_cache_the_process_starts_before_the_preflight(tmp_path, corpus, tokenizer_dir):
+    """`moai prepare` gives its preflight checks as `first`: with no token store in the cache the
+    process is already loading while they run; with one, nothing starts before the stages (and
+    nothing at all when every stage is reused). A failing preflight leaves no process behind."""
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
+    seen = []
+
+    def first():
+        seen.append([ref.process.is_alive() for ref in reference._running])
+
+    assert cold_cache(cfg)
+    prepare(cfg, progress=False, first=first)
+    assert seen == [[True]] and not reference._running
+    assert not cold_cache(cfg)
+    again = prepare(cfg, progress=False, first=first)
+    assert seen[1] == [] and not any(s["built"] for s in again["stages"].values())
+
+    cold = parse_config(config_dict(tmp_path / "other", corpus, {"path": str(tokenizer_dir)}))
+
+    def failing():
+        assert len(reference._running) == 1
+        raise ConfigError("preflight: no")
+
+    with pytest.raises(ConfigError, match="preflight: no"):
+        prepare(cold, progress=False, first=failing)
+    assert not reference._running and not engines._prebuilt
+    assert not (tmp_path / "other" / "cache" / "convert").exists()  # no stage ran
 
 
 @pytest.mark.slow
