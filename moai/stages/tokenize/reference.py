@@ -3,7 +3,7 @@
 A cold run pays 3–9 s to import transformers (it imports torch) and load a large tokenizer before
 it can compare a single id, and none of that depends on the text. `prefetch(config)` starts a
 spawned process that loads the given tokenizer folder while convert, filter and save run on the
-other cores. The tokenizer stage then takes the tokenizer's description from it (`describe`), and
+other cores (on a cold cache `moai prepare` starts it before its preflight checks: `walk.prepare`). The tokenizer stage then takes the tokenizer's description from it (`describe`), and
 the tokenize stage transformers' own ids of its sample (`ids`): the check is the same check, only
 the process transformers runs in changed, and nothing is published before the ids match.
 
