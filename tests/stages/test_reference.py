@@ -151,6 +151,38 @@ def test_on_a_cold_cache_the_process_starts_before_the_preflight(tmp_path, corpu
     assert not (tmp_path / "other" / "cache" / "convert").exists()  # no stage ran
 
 
+def _maps_torch(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps (Linux)")
+def test_transformers_runs_without_torch_there_and_with_it_where_the_folder_needs_it(tokenizer_dir, monkeypatch):
+    """The process hides torch from transformers (its tokenizers need none of it) and gives the same
+    description and ids; a folder that fails to load so is loaded again in a process with torch."""
+    from conftest import serve_needing_torch
+
+    texts = ["hello world", "안녕하세요 <bos> x", "", "def f():\n\treturn 1\n"]
+    hf = load_tokenizer(str(tokenizer_dir))
+    want = hf(texts)["input_ids"]
+    ref = reference.Reference(tokenizer_dir)
+    try:
+        info = ref.info(str(tokenizer_dir))
+        assert ref.without_torch and not _maps_torch(ref.process.pid)
+        assert ref.ids(texts) == want
+    finally:
+        ref.close()
+
+    monkeypatch.setattr(reference, "_serve", serve_needing_torch)
+    ref = reference.Reference(tokenizer_dir)
+    try:
+        first = ref.process.pid
+        again = ref.info(str(tokenizer_dir))
+        assert not ref.without_torch and ref.process.pid != first and _maps_torch(ref.process.pid)
+        assert again == info and ref.ids(texts) == want
+    finally:
+        ref.close()
+
+
 @pytest.mark.slow
 def test_only_a_folder_with_the_same_files_is_served(tmp_path, tokenizer_dir, bos_tokenizer_dir):
     copy = tmp_path / "copy"

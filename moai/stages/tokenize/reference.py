@@ -1,10 +1,12 @@
 """transformers' side of the check, in a process of its own, started before the stages that need it.
 
-A cold run pays 3–9 s to import transformers (it imports torch) and load a large tokenizer before
-it can compare a single id, and none of that depends on the text. `prefetch(config)` starts a
-spawned process that loads the given tokenizer folder while convert, filter and save run on the
-other cores (on a cold cache `moai prepare` starts it before its preflight checks: `walk.prepare`). The tokenizer stage then takes the tokenizer's description from it (`describe`), and
-the tokenize stage transformers' own ids of its sample (`ids`): the check is the same check, only
+A cold run pays 1.5–9 s to import transformers and load a large tokenizer before it can compare
+a single id, and none of that depends on the text. `prefetch(config)` starts a spawned process
+that loads the given tokenizer folder while convert, filter and save run on the other cores (on a
+cold cache `moai prepare` starts it before its preflight checks: `walk.prepare`), with torch
+hidden from transformers (`_hide_torch`; a folder that needs it is loaded again with it). The
+tokenizer stage then takes the tokenizer's description from it (`describe`), and the tokenize
+stage transformers' own ids of its sample (`ids`): the check is the same check, only
 the process transformers runs in changed, and nothing is published before the ids match.
 
 The check's sample is made here too, before the tokenize stage needs it. When filter starts, it
@@ -53,16 +55,21 @@ def _files_fingerprint(folder: Path) -> str:
     return fingerprint_files(sorted(p for p in folder.iterdir() if p.is_file() and p.name not in skip))
 
 
-def _serve(conn, folder: str) -> None:
-    """The reference process: load the tokenizer, send its description, then answer id requests."""
+def _serve(conn, folder: str, without_torch: bool = False) -> None:
+    """The reference process: load the tokenizer, send its description, then answer id requests.
+    `without_torch`: transformers is imported with torch hidden (`_hide_torch`); a folder that
+    does not load so is answered with "retry", and the parent starts a process with torch."""
     logging.getLogger("moai").addHandler(logging.NullHandler())  # the parent logs what matters
+    if without_torch:
+        _hide_torch()
     try:
         from moai.stages.tokenizer import describe, load_tokenizer
 
         tok = load_tokenizer(folder)
         conn.send(("info", describe(tok, folder, "", path=folder)))
     except BaseException as err:  # sent to the parent, which raises it where the stage needs it
-        conn.send(("error", f"{type(err).__name__}: {err}" if not isinstance(err, TokenizerError) else str(err)))
+        text = f"{type(err).__name__}: {err}" if not isinstance(err, TokenizerError) else str(err)
+        conn.send(("retry" if without_torch else "error", text))
         return
     samples: dict[str, Any] = {}  # tag -> (sample texts, transformers' ids as a Flat, how many were ready), or None
     known: dict[str, list[int]] = {}  # text -> transformers' ids, encoded ahead ("candidates")
@@ -103,37 +110,67 @@ def _serve(conn, folder: str) -> None:
             conn.send(("ids", tok(request, verbose=False)["input_ids"] if request else []))
 
 
+def _hide_torch() -> None:
+    """Make `import torch` fail in this (fresh) process, so that transformers runs without it: its
+    tokenizers need none of torch, whose import was 0.75 s of the 2.4 s transformers took to load
+    Tekken here, beside convert on the same cores. A 68 MB cold `moai prepare` then waited 0.04-0.1 s
+    for the tokenizer instead of 1.2-1.3 s (`docs/tokenize-engines.md`)."""
+    import os
+    import sys
+
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # the documented way to block an import
+        os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # its "PyTorch was not found" line
+
+
 class Reference:
-    """A tokenizer folder loaded by transformers in another process."""
+    """A tokenizer folder loaded by transformers in another process: without torch, or, where the
+    folder does not load so, with it (`without_torch` says which)."""
 
     def __init__(self, folder: Path, uses: int | None = None):
         self.folder = folder
         self.uses = uses  # tokenize stages of the run that will check against it (None: unknown)
         self.fingerprint = _files_fingerprint(folder)
-        ctx = get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, str(folder)), daemon=True, name="moai-reference")
-        with interrupts_left_to_parent():  # Ctrl-C: one line from the parent, which kills this process
-            self.process.start()
-        child.close()
         self._info: Any = None
         self.ready: int | None = None  # of the last sample taken, documents transformers encoded ahead
         self._lock = threading.Lock()  # one request and its answer at a time (the prebuild thread asks too)
         self._send_lock = threading.Lock()  # one message being sent at a time
         self._close_lock = threading.Lock()
         self._closed = False
+        self._start(without_torch=True)
+
+    def _start(self, without_torch: bool) -> None:
+        ctx = get_context("spawn")
+        conn, child = ctx.Pipe()
+        process = ctx.Process(
+            target=_serve, args=(child, str(self.folder), without_torch), daemon=True, name="moai-reference"
+        )
+        with interrupts_left_to_parent():  # Ctrl-C: one line from the parent, which kills this process
+            process.start()
+        child.close()
+        self.conn, self.process, self.without_torch = conn, process, without_torch
 
     def _recv(self) -> Any:
-        try:
-            kind, value = self.conn.recv()
-        except EOFError:
-            raise TokenizerError(
-                f"the process loading tokenizer {str(self.folder)!r} with transformers ended without an answer "
-                f"(exit code {self.process.exitcode})"
-            ) from None
-        if kind == "error":
-            raise TokenizerError(value)
-        return value
+        while True:
+            try:
+                kind, value = self.conn.recv()
+            except EOFError:
+                raise TokenizerError(
+                    f"the process loading tokenizer {str(self.folder)!r} with transformers ended without an answer "
+                    f"(exit code {self.process.exitcode})"
+                ) from None
+            if kind == "retry":  # the folder did not load without torch: again, with it
+                log.info("transformers did not load %s without torch (%s); loading it with torch", self.folder, value)
+                with self._send_lock, self._close_lock:
+                    if self._closed:
+                        raise TokenizerError(f"the process loading tokenizer {str(self.folder)!r} was closed")
+                    self.process.join()
+                    self.conn.close()
+                    self._start(without_torch=False)
+                continue
+            if kind == "error":
+                raise TokenizerError(value)
+            return value
 
     def info(self, name_or_path: str, fingerprint: str = "") -> TokenizerInfo:
         """`describe` of the loaded tokenizer, as this folder's (warnings logged here)."""
