@@ -388,32 +388,27 @@ def test_a_prebuild_given_the_threads_sizes_the_pool_and_leaves_the_encoder_read
         assert engines.lists_of(encoder.encode_documents(texts, info.eos_id)) == want
 
 
-def test_the_tokenizer_json_built_early_is_kept_only_for_the_same_pipeline(tokenizer_dir):
-    """`prebuild` takes fastokens built from the folder's file before transformers loaded it when
-    transformers runs that same pipeline; another pipeline is built again. `take_prebuilt` waits
-    while a prebuild runs."""
-    import json
+def test_the_encoder_built_ahead_is_taken_once_and_waited_for(tokenizer_dir):
+    """`prebuild` builds fastokens from the pipeline transformers runs (its `backend_json`), ready to
+    encode; `take_prebuilt` waits while a prebuild runs rather than build the encoder again, and
+    takes it once. Its ids are transformers' + EOS."""
     import threading
 
-    info = describe(load_tokenizer(str(tokenizer_dir)), str(tokenizer_dir), "fp")
-    text = (tokenizer_dir / "tokenizer.json").read_text()
+    hf = load_tokenizer(str(tokenizer_dir))
+    info = describe(hf, str(tokenizer_dir), "fp")
     setup = engine_module.engine_setup("fastokens", info, 1)
-    assert engines.same_pipeline(text, info.backend_json)  # transformers runs the file as it is
-    early = engines.fastokens_tokenizer(text)
     taken: list = []
     ended = engines.prebuild_begins()
     waiter = threading.Thread(target=lambda: taken.append(engines.take_prebuilt(setup)))
     waiter.start()
     waiter.join(0.3)
     assert waiter.is_alive()  # waits for the prebuild rather than build the encoder again
-    engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, (text, early))
+    engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, 1)
     ended()
     waiter.join(10)
-    assert taken and taken[0].tok is early
-
-    other = json.loads(text)
-    other["normalizer"] = {"type": "Lowercase"}
-    assert not engines.same_pipeline(json.dumps(other), info.backend_json)
-    engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, (json.dumps(other), early))
-    rebuilt = engines.take_prebuilt(setup)
-    assert rebuilt is not None and rebuilt.tok is not early
+    assert taken and taken[0] is not None and taken[0].eos == info.eos_id  # made ready: EOS step probed
+    assert engines.take_prebuilt(setup) is None  # taken once
+    texts = ["hello world", "", "한국어 문서 and code: def f(x): return x"]
+    assert engines.lists_of(taken[0].encode_documents(texts, info.eos_id)) == [
+        [*hf(t)["input_ids"], info.eos_id] for t in texts
+    ]

@@ -398,42 +398,19 @@ def fastokens_tokenizer(pipeline_json: str) -> Any:
     return fastokens.Tokenizer.from_json_str(pipeline_json)
 
 
-def prebuild(
-    backend_json: str,
-    split_special_tokens: bool,
-    eos_id: int | None,
-    early: tuple[str, Any] | None = None,
-    threads: int | None = None,
-) -> None:
+def prebuild(backend_json: str, split_special_tokens: bool, eos_id: int | None, threads: int | None = None) -> None:
     """Build fastokens for this pipeline now (in a thread, while other stages run), for `build` to
-    take; only fastokens, whose encoder does not depend on the thread count. `early`: a
-    tokenizer.json text and fastokens' tokenizer of it, built before transformers had loaded the
-    folder; taken when that file describes the same pipeline transformers runs (`same_pipeline`),
-    else built again. `threads`: the cores the tokenize stage will give it (the plan's); its pool
-    is sized for them and the encoder made `ready` (its first encode starts the pool). Without,
-    it encodes nothing."""
+    take; only fastokens, whose encoder does not depend on the thread count. `threads`: the cores
+    the tokenize stage will give it (the plan's); its pool is sized for them and the encoder made
+    `ready` (its first encode starts the pool). Without, it encodes nothing."""
     from moai.stages.tokenize.engine import EncoderSetup
 
     setup = EncoderSetup(backend_json, split_special_tokens, "fastokens", 1, False, eos_id=eos_id)
-    tok = early[1] if early is not None and same_pipeline(early[0], backend_json) else None
-    encoder = FastokensEncoder(setup, tok)
+    encoder = FastokensEncoder(setup)
     if threads is not None:
         size_fastokens_pool(threads)
         encoder.ready()
     _prebuilt[(setup.engine, backend_json, split_special_tokens, eos_id)] = encoder
-
-
-def same_pipeline(file_json: str, backend_json: str) -> bool:
-    """Does a tokenizer.json text hold the pipeline transformers runs (`backend_json`)? Truncation
-    and padding aside: the encoders turn both off."""
-    from moai.stages.tokenizer import parsed_backend
-
-    if file_json == backend_json:
-        return True
-    a, b = json.loads(file_json), parsed_backend(backend_json)
-    return {k: v for k, v in a.items() if k not in ("truncation", "padding")} == {
-        k: v for k, v in b.items() if k not in ("truncation", "padding")
-    }
 
 
 def drop_prebuilt() -> None:
