@@ -36,7 +36,7 @@ from typing import Any
 
 from moai.config import PipelineConfig, SourceConfig
 from moai.errors import ConfigError, DataError, MoaiError
-from moai.estimate import Estimate, SourceSample, sample_source, validation
+from moai.estimate import Estimate, SourceSample, sample_limit, sample_source, validation
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,8 @@ def _samples_into(f: Facts) -> None:
         if setting not in f.local_files or f.local_files[setting][1] == 0:
             continue
         try:
-            f.samples[setting] = sample_source(source_files(src), src, f.config)
+            limit = sample_limit(f.local_files[setting][1], f.config)
+            f.samples[setting] = sample_source(source_files(src), src, f.config, limit)
         except Exception as err:  # an estimate only: the bytes-based one then
             log.debug("%s: no sample for the validation estimate", setting, exc_info=True)
             f.samples[setting] = f"its sample could not be read ({type(err).__name__})"

@@ -156,3 +156,20 @@ def test_copies_across_the_sources_of_a_mix_are_said_to_be_left_out(tmp_path):
     assert check.detail.endswith(
         "; rough: dedup drops copies of earlier sources' rows that each source's sample does not see"
     )
+
+
+def test_a_source_large_enough_for_many_validation_samples_is_sampled_over_its_first_mib(tmp_path, corpus):
+    """With a given tokenizer and no cleaning, a source whose validation split holds MANY_SAMPLES by
+    its size alone is sampled over QUICK_SAMPLE_BYTES; a smaller one, one with cleaning on, or one
+    whose tokenizer is trained on the sample, over SAMPLE_BYTES."""
+    from moai.estimate import MANY_SAMPLES, QUICK_SAMPLE_BYTES, SAMPLE_BYTES, sample_limit
+    from moai.preflight import validation_estimate
+
+    config = parse_config(config_dict(tmp_path, corpus, TOKENIZER, split={"val_fraction": 0.01}))
+    seq_len = config.pack.seq_len
+    large = next(b for b in (10**k for k in range(3, 14)) if validation_estimate(b, 0.01, seq_len)[1] >= MANY_SAMPLES)
+    assert sample_limit(large, config) == QUICK_SAMPLE_BYTES < SAMPLE_BYTES
+    assert sample_limit(large // 10, config) == SAMPLE_BYTES  # few samples: counted on 4 MiB
+    assert sample_limit(large, clean_config(tmp_path)) == SAMPLE_BYTES  # cleaning's drops need the sample
+    trained = parse_config(config_dict(tmp_path, corpus, {"train": {"vocab_size": 300}}, split={"val_fraction": 0.01}))
+    assert sample_limit(large, trained) == SAMPLE_BYTES
