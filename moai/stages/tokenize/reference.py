@@ -357,8 +357,9 @@ def _prebuild(
     it, and keep that build when the file held transformers' pipeline: comparing the two JSON
     texts took ~0.9 s of parsing for a 131k vocabulary, all of it holding the GIL of convert's
     thread. Without it (transformers now loads in ~1.4 s, without torch), a cold prepare of the
-    601 MB corpus took 6.94-7.07 s instead of 8.17-9.42 s (convert 2.5 s instead of 3.2-4.2 s;
-    three alternated pairs, 2026-11-27), and of 68 MB 3.8-4.1 s instead of 4.1-4.4 s."""
+    601 MB corpus took 6.73-6.85 s instead of 7.97-8.17 s (convert 2.5 s instead of 3.2-3.3 s;
+    three alternated pairs, 2026-11-27; docs/tokenize-engines.md), and of 68 MB 3.8-4.1 s instead
+    of 4.1-4.4 s."""
     try:
         _build_ahead(ref, _fast_threads(config, plan), stop)
     finally:
