@@ -177,6 +177,11 @@ def _token_counts(texts: list[str], src: SourceConfig, config: PipelineConfig) -
         file = Path(config.tokenizer.path).expanduser() / "tokenizer.json"
         if not file.is_file():
             return None
+        from moai.stages.tokenize.engines import file_counts
+
+        counts = file_counts(file, texts, add_special_tokens=src.format != "chat")
+        if counts is not None:  # fastokens built it ahead (`reference.prefetch`): no second load
+            return counts + 1  # + EOS
         tok = rust_tokenizer_file(file)
     else:
         assert config.tokenizer.train is not None

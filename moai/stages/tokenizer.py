@@ -180,6 +180,10 @@ def check_folder(name_or_path: str, path: Path, load: bool = True) -> None:
             "where `tokenizers` can convert it, or use tokenizer.train to train one."
         )
     if load:
+        from moai.stages.tokenize.engines import file_build
+
+        if file_build(file) is not None:
+            return  # fastokens built it ahead, while transformers loads it (`reference.prefetch`)
         try:
             rust_tokenizer_file(file)
         except Exception as err:  # the Rust library's parse errors: a damaged or foreign file

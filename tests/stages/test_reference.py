@@ -298,3 +298,91 @@ def test_the_sample_depends_on_the_rows_not_their_positions():
     assert np.isin(again, candidates).all()  # a quarter more candidates cover the dropped rows' places
     # without origins, rows spread evenly by position, as before
     assert (sample_rows(sizes, np.full(50_000, -1)) == np.unique(np.linspace(0, 49_999, len(picked)).astype(int))).all()
+
+
+def _prebuilt_tok(cfg, tokenizer_dir):
+    """(the file build, the encoder prebuilt for the stage) of a `prefetch` block, after both are done."""
+    from moai.stages.tokenize.engine import engine_setup
+
+    with reference.prefetch(cfg) as ref:
+        assert ref is not None
+        info = ref.info(str(tokenizer_dir))
+        encoder = engines.take_prebuilt(engine_setup("fastokens", info, 1))  # waits for the prebuild
+        built = engines.file_build(Path(tokenizer_dir) / "tokenizer.json")
+        return ref.file_is_pipeline, built, encoder, info
+
+
+def test_a_small_run_builds_fastokens_from_the_file_and_keeps_it_only_where_it_is_the_pipeline(
+    tmp_path, corpus, tokenizer_dir
+):
+    """A small run builds fastokens from the folder's tokenizer.json at once; the stage takes that
+    build when the file, as it is, is the pipeline transformers loaded, else one built from that
+    pipeline. A file written otherwise, or a tokenizer_config.json that changes what transformers
+    runs, is told apart; the ids are transformers' + EOS either way."""
+    hf = load_tokenizer(str(tokenizer_dir))
+    texts = ["hello world", "", "한국어 문서 and code: def f(x): return x"]
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
+    same, built, encoder, info = _prebuilt_tok(cfg, tokenizer_dir)
+    assert same and built is not None and encoder is not None and encoder.tok is built.tok
+    assert engines.lists_of(encoder.encode_documents(texts, info.eos_id)) == [
+        [*hf(t)["input_ids"], hf.eos_token_id] for t in texts
+    ]
+
+    rewritten = tmp_path / "rewritten"  # the same pipeline, written as one line
+    shutil.copytree(tokenizer_dir, rewritten)
+    (rewritten / "tokenizer.json").write_text(json.dumps(json.loads((tokenizer_dir / "tokenizer.json").read_text())))
+    changed = tmp_path / "changed"  # transformers adds a token the file does not hold
+    shutil.copytree(tokenizer_dir, changed)
+    config = json.loads((changed / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = {str(len(hf)): {"content": "<extra>", "special": True}}
+    (changed / "tokenizer_config.json").write_text(json.dumps(config))
+    for folder in (rewritten, changed):
+        cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(folder)}))
+        same, built, encoder, info = _prebuilt_tok(cfg, folder)
+        assert not same and encoder is not None
+        assert built is None  # the file's build is dropped: the encoder was built from transformers' pipeline
+        want = load_tokenizer(str(folder))
+        assert engines.lists_of(encoder.encode_documents(texts, info.eos_id)) == [
+            [*want(t)["input_ids"], want.eos_token_id] for t in texts
+        ]
+    assert not engines._file_builds  # forgotten with the block
+
+
+def test_the_preflight_counts_with_the_file_build_of_a_small_run(
+    tmp_path, corpus, tokenizer_dir, bos_tokenizer_dir, monkeypatch
+):
+    """In a small run the preflight's folder check and token counts take the fastokens build begun
+    at once (no `tokenizers` load of the file), with the post-processor's BOS counted; a large run
+    begins none, and its preflight loads the file with `tokenizers` as before."""
+    from moai import estimate
+
+    texts = ["hello world", "", "한국어 문서", "def f(x):\n    return x"]
+    loads = []
+    original = tokenizer_stage.rust_tokenizer_file
+    monkeypatch.setattr(tokenizer_stage, "rust_tokenizer_file", lambda f: loads.append(f) or original(f))
+    for folder in (tokenizer_dir, bos_tokenizer_dir):
+        hf = load_tokenizer(str(folder))
+        want = [len(hf(t)["input_ids"]) + 1 for t in texts]  # + EOS
+        cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(folder)}))
+        with reference.prefetch(cfg):
+            tokenizer_stage.check_folder(str(folder), folder)
+            assert estimate._token_counts(texts, cfg.source, cfg).tolist() == want
+        assert not loads
+        monkeypatch.setattr(reference, "SMALL_RUN_BYTES", -1)
+        with reference.prefetch(cfg):
+            assert not engines._file_builds
+            tokenizer_stage.check_folder(str(folder), folder)
+            assert estimate._token_counts(texts, cfg.source, cfg).tolist() == want
+        assert loads and all(f == folder / "tokenizer.json" for f in loads)
+        loads.clear()
+        monkeypatch.undo()
+        monkeypatch.setattr(tokenizer_stage, "rust_tokenizer_file", lambda f: loads.append(f) or original(f))
+
+
+def test_a_damaged_file_is_the_preflights_one_line_with_a_file_build_too(tmp_path, corpus, tokenizer_dir):
+    broken = tmp_path / "broken"
+    shutil.copytree(tokenizer_dir, broken)
+    (broken / "tokenizer.json").write_text('{"model": {"type": "BPE"')
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(broken)}))
+    with reference.prefetch(cfg), pytest.raises(TokenizerError, match="cannot be loaded by `tokenizers`"):
+        tokenizer_stage.check_folder(str(broken), broken)

@@ -19,6 +19,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -194,7 +195,6 @@ class FastokensEncoder(_FromFlat):
         self.split = setup.split_special_tokens
         self.eos: int | None = None  # the id the post-processor appends (set by `ready`)
         self._pending_eos = setup.eos_id
-        self._lock = threading.Lock()
 
     def _call(self, texts: list[str], special: bool) -> Flat:
         ids, offsets = self.tok.encode_batch_flat(texts, add_special_tokens=special, split_special_tokens=self.split)
@@ -206,7 +206,7 @@ class FastokensEncoder(_FromFlat):
         encode threads waited on the check's first call, 0.03-0.1 s into the stage)."""
         if self._pending_eos is None:
             return
-        with self._lock:
+        with _changing:  # not while the preflight counts with the same tokenizer (`file_counts`)
             if self._pending_eos is not None:
                 self.eos = self._append_eos(self._pending_eos)
                 self._pending_eos = None
@@ -398,15 +398,22 @@ def fastokens_tokenizer(pipeline_json: str) -> Any:
     return fastokens.Tokenizer.from_json_str(pipeline_json)
 
 
-def prebuild(backend_json: str, split_special_tokens: bool, eos_id: int | None, threads: int | None = None) -> None:
+def prebuild(
+    backend_json: str,
+    split_special_tokens: bool,
+    eos_id: int | None,
+    threads: int | None = None,
+    tok: Any = None,
+) -> None:
     """Build fastokens for this pipeline now (in a thread, while other stages run), for `build` to
     take; only fastokens, whose encoder does not depend on the thread count. `threads`: the cores
     the tokenize stage will give it (the plan's); its pool is sized for them and the encoder made
-    `ready` (its first encode starts the pool). Without, it encodes nothing."""
+    `ready` (its first encode starts the pool). Without, it encodes nothing. `tok`: fastokens'
+    tokenizer of this same pipeline, already built (from a file that holds it, `reference`)."""
     from moai.stages.tokenize.engine import EncoderSetup
 
     setup = EncoderSetup(backend_json, split_special_tokens, "fastokens", 1, False, eos_id=eos_id)
-    encoder = FastokensEncoder(setup)
+    encoder = FastokensEncoder(setup, tok)
     if threads is not None:
         size_fastokens_pool(threads)
         encoder.ready()
@@ -415,3 +422,80 @@ def prebuild(backend_json: str, split_special_tokens: bool, eos_id: int | None, 
 
 def drop_prebuilt() -> None:
     _prebuilt.clear()
+    _file_builds.clear()
+
+
+@dataclass
+class FileBuild:
+    """fastokens built from a tokenizer.json file while transformers loads the folder
+    (`reference._build_ahead`). The preflight's checks take it (`file_counts`) rather than load the
+    file with `tokenizers` again: for a 131k vocabulary that load took ~0.9 s, and freeing it ~0.5 s,
+    in the run's main thread before convert began. `specials`: the ids its post-processor adds to
+    one text, as the file has it (the stage's EOS step changes that later)."""
+
+    file: str
+    done: threading.Event
+    tok: Any = None
+    specials: int = 0
+
+
+_file_builds: dict[str, FileBuild] = {}
+# Held while a tokenizer's post-processor changes (`FastokensEncoder.ready`) and while the preflight
+# encodes with a file build: fastokens refuses a change while another thread is inside an encode.
+_changing = threading.Lock()
+
+
+def file_build_begins(file: Path) -> FileBuild:
+    """Register a build of `file` before it starts (`build_file`): from now `file_counts` waits for it."""
+    entry = FileBuild(str(file.resolve()), threading.Event())
+    _file_builds[entry.file] = entry
+    return entry
+
+
+def build_file(entry: FileBuild, threads: int | None, stop: threading.Event | None = None) -> Any:
+    """fastokens' tokenizer of the registered file (its parse releases the GIL), or None where it
+    cannot be built, `threads` is unknown or `stop` is set: `file_counts` then answers None and the
+    caller loads the file with `tokenizers`. `threads`: the cores the tokenize stage will give
+    fastokens; its pool is sized for them first (the preflight's count would start it)."""
+    try:
+        if threads is None or (stop is not None and stop.is_set()):
+            return None
+        size_fastokens_pool(threads)
+        import fastokens
+
+        tok = fastokens.Tokenizer.from_file(entry.file)
+        entry.specials = int(tok.num_special_tokens_to_add(False))
+        entry.tok = tok
+    except Exception:  # a platform without fastokens, or a pipeline it does not run
+        pass
+    finally:
+        entry.done.set()
+    return entry.tok
+
+
+def file_build(file: Path) -> FileBuild | None:
+    """The build of the tokenizer.json `file` begun ahead (`file_build_begins`), once it is done;
+    None when none was begun or it failed."""
+    entry = _file_builds.get(str(file.resolve()))
+    if entry is None:
+        return None
+    entry.done.wait()
+    return entry if entry.tok is not None else None
+
+
+def file_build_dropped(entry: FileBuild) -> None:
+    """Forget a build that is not the pipeline transformers runs: `file_build` answers None from now."""
+    entry.tok = None
+
+
+def file_counts(file: Path, texts: list[str], add_special_tokens: bool) -> np.ndarray | None:
+    """Ids per text (without EOS) of the tokenizer.json `file` as fastokens built it ahead
+    (`file_build`), or None."""
+    entry = file_build(file)
+    tok = None if entry is None else entry.tok  # once: `file_build_dropped` may drop it meanwhile
+    if entry is None or tok is None:
+        return None
+    with _changing:
+        _, offsets = tok.encode_batch_flat(texts, add_special_tokens=False)
+    lengths = np.diff(np.frombuffer(offsets, dtype="<u8")).astype(np.int64)
+    return lengths + entry.specials if add_special_tokens else lengths

@@ -55,10 +55,12 @@ def _files_fingerprint(folder: Path) -> str:
     return fingerprint_files(sorted(p for p in folder.iterdir() if p.is_file() and p.name not in skip))
 
 
-def _serve(conn, folder: str, without_torch: bool = False) -> None:
+def _serve(conn, folder: str, without_torch: bool = False, compare_file: bool = False) -> None:
     """The reference process: load the tokenizer, send its description, then answer id requests.
     `without_torch`: transformers is imported with torch hidden (`_hide_torch`); a folder that
-    does not load so is answered with "retry", and the parent starts a process with torch."""
+    does not load so is answered with "retry", and the parent starts a process with torch.
+    `compare_file`: the description comes with whether the folder's tokenizer.json is the pipeline
+    loaded (`_file_is_pipeline`); else with False."""
     logging.getLogger("moai").addHandler(logging.NullHandler())  # the parent logs what matters
     if without_torch:
         _hide_torch()
@@ -66,7 +68,8 @@ def _serve(conn, folder: str, without_torch: bool = False) -> None:
         from moai.stages.tokenizer import describe, load_tokenizer
 
         tok = load_tokenizer(folder)
-        conn.send(("info", describe(tok, folder, "", path=folder)))
+        info = describe(tok, folder, "", path=folder)
+        conn.send(("info", (info, compare_file and _file_is_pipeline(tok, Path(folder)))))
     except BaseException as err:  # sent to the parent, which raises it where the stage needs it
         text = f"{type(err).__name__}: {err}" if not isinstance(err, TokenizerError) else str(err)
         conn.send(("retry" if without_torch else "error", text))
@@ -110,6 +113,21 @@ def _serve(conn, folder: str, without_torch: bool = False) -> None:
             conn.send(("ids", tok(request, verbose=False)["input_ids"] if request else []))
 
 
+def _file_is_pipeline(tok, folder: Path) -> bool:
+    """Is the folder's tokenizer.json, as it is, the pipeline transformers loaded? Yes when its text
+    is what the backend writes of itself (`to_str(pretty=True)`, as `tokenizers` saves a file), all
+    but the whitespace at either end: then fastokens built from that file (`_build_ahead`, while
+    transformers still loads) encodes as fastokens built from transformers' pipeline. A file written
+    otherwise, or a pipeline transformers changed, gives no: fastokens is built again from the
+    pipeline. ~0.15 s for a 131k vocabulary, here, not in the run's process (parsing both texts
+    there held its GIL ~0.9 s)."""
+    try:
+        text = (folder / "tokenizer.json").read_text(encoding="utf-8")
+        return text.strip() == tok.backend_tokenizer.to_str(pretty=True).strip()
+    except Exception:  # no file, or one that is not UTF-8: built from the pipeline
+        return False
+
+
 def _hide_torch() -> None:
     """Make `import torch` fail in this (fresh) process, so that transformers runs without it: its
     tokenizers need none of torch, whose import was 0.75 s of the 2.4 s transformers took to load
@@ -127,11 +145,13 @@ class Reference:
     """A tokenizer folder loaded by transformers in another process: without torch, or, where the
     folder does not load so, with it (`without_torch` says which)."""
 
-    def __init__(self, folder: Path, uses: int | None = None):
+    def __init__(self, folder: Path, uses: int | None = None, compare_file: bool = False):
         self.folder = folder
+        self.compare_file = compare_file  # learn whether the folder's file is the pipeline (`_serve`)
         self.uses = uses  # tokenize stages of the run that will check against it (None: unknown)
         self.fingerprint = _files_fingerprint(folder)
         self._info: Any = None
+        self.file_is_pipeline = False  # the folder's tokenizer.json is transformers' pipeline as it is
         self.ready: int | None = None  # of the last sample taken, documents transformers encoded ahead
         self._lock = threading.Lock()  # one request and its answer at a time (the prebuild thread asks too)
         self._send_lock = threading.Lock()  # one message being sent at a time
@@ -143,7 +163,10 @@ class Reference:
         ctx = get_context("spawn")
         conn, child = ctx.Pipe()
         process = ctx.Process(
-            target=_serve, args=(child, str(self.folder), without_torch), daemon=True, name="moai-reference"
+            target=_serve,
+            args=(child, str(self.folder), without_torch, self.compare_file),
+            daemon=True,
+            name="moai-reference",
         )
         with interrupts_left_to_parent():  # Ctrl-C: one line from the parent, which kills this process
             process.start()
@@ -179,7 +202,7 @@ class Reference:
         with self._lock:
             if self._info is None:
                 try:
-                    self._info = self._recv()
+                    self._info, self.file_is_pipeline = self._recv()
                 except TokenizerError as err:
                     self._info = err  # every later caller gets the same error
                 if not isinstance(self._info, TokenizerError):
@@ -304,15 +327,17 @@ def prefetch(config: PipelineConfig, plan: Plan | None = None) -> Iterator[Refer
         return
     from moai.pipeline.graph import nodes
 
-    ref = Reference(folder, uses=sum(n.stage.name == "tokenize" for n in nodes(config)))
+    small = _small(config)
+    ref = Reference(folder, uses=sum(n.stage.name == "tokenize" for n in nodes(config)), compare_file=small)
     _running.append(ref)
-    # Meanwhile the fastest engine is built from the pipeline transformers loaded, before it is
-    # needed (parsing a 131k vocabulary takes fastokens ~1.1 CPU-s); the check still decides whether
-    # it is used. In this thread's context, so its log lines (the tokenizer's warnings) go where the
-    # run's go.
+    # Meanwhile the fastest engine is built before it is needed (parsing a 131k vocabulary takes
+    # fastokens ~1.1 CPU-s): for a small run at once from the folder's file (`_prebuild`), else from
+    # the pipeline transformers loaded. The check still decides whether it is used. In this thread's
+    # context, so its log lines (the tokenizer's warnings) go where the run's go.
     run = contextvars.copy_context().run
     ended, stop = engines.prebuild_begins(), threading.Event()
-    args = (_prebuild, ref, ended, config, plan, stop)
+    file = engines.file_build_begins(folder / "tokenizer.json") if small else None
+    args = (_prebuild, ref, ended, config, plan, stop, file)
     builder = threading.Thread(target=run, args=args, daemon=True, name="moai-prebuild")
     builder.start()
     try:
@@ -347,23 +372,55 @@ def prefetch_when_building(config: PipelineConfig, plan: Plan | None = None) -> 
 
 
 def _prebuild(
-    ref: Reference, ended: Callable[[], None], config: PipelineConfig, plan: Plan | None, stop: threading.Event
+    ref: Reference,
+    ended: Callable[[], None],
+    config: PipelineConfig,
+    plan: Plan | None,
+    stop: threading.Event,
+    file: engines.FileBuild | None = None,
 ) -> None:
-    """Build fastokens from the pipeline transformers runs as soon as the reference process has
-    loaded it (`engines.prebuild`), ready to encode, while the stages before tokenize run. Each
-    step first looks at `stop` (the run is over).
+    """Build fastokens, ready to encode (`engines.prebuild`), while the stages before tokenize
+    run. Each step first looks at `stop` (the run is over).
 
-    It used to start at once from the folder's tokenizer.json, before transformers had loaded
-    it, and keep that build when the file held transformers' pipeline: comparing the two JSON
-    texts took ~0.9 s of parsing for a 131k vocabulary, all of it holding the GIL of convert's
-    thread. Without it (transformers now loads in ~1.4 s, without torch), a cold prepare of the
-    601 MB corpus took 6.73-6.85 s instead of 7.97-8.17 s (convert 2.5 s instead of 3.2-3.3 s;
-    three alternated pairs, 2026-11-27; docs/tokenize-engines.md), and of 68 MB 3.8-4.1 s instead
-    of 4.1-4.4 s."""
+    - With `file` (a small run, `_small`): at once from the folder's tokenizer.json. The preflight
+      counts its sample with it (`engines.file_counts`) instead of loading the file with
+      `tokenizers`, and the stage takes it when the reference process finds that the file is, as
+      it is, the pipeline transformers loaded (`_file_is_pipeline`); else it is built again from
+      that pipeline.
+    - Else once transformers has loaded the folder, from the pipeline it runs: in a large run the
+      build then overlaps convert, and the preflight does not wait for it.
+
+    Measured on 2 cores with Tekken (131k), cold `moai prepare`, alternated runs, 2026-11-27
+    (docs/tokenize-engines.md): 68 MB 4.1-4.4 s built late, 3.2-3.6 s built at once; 150 MB
+    4.0-4.4 s against 3.6-3.9 s; 300 MB 4.6-5.4 s against 5.0-5.3 s, the stage 1.1-1.45 s (most
+    of it waiting for the late build) against 0.7-1.0 s; 601 MB 6.5-7.5 s against 7.1-7.9 s.
+    Comparing the two JSON texts in this process instead held the GIL ~0.9 s of convert (docs/tokenize-engines.md)."""
     try:
-        _build_ahead(ref, _fast_threads(config, plan), stop)
+        _build_ahead(ref, _fast_threads(config, plan), stop, file)
     finally:
         ended()
+
+
+# A run whose local sources hold at most this much builds fastokens at once (`_prebuild`): its
+# tokenize stage would otherwise start before the build that begins once transformers has loaded.
+SMALL_RUN_BYTES = 384 << 20
+
+
+def _small(config: PipelineConfig) -> bool:
+    """Do the run's sources hold at most SMALL_RUN_BYTES of text, all of them local files?"""
+    from moai.preflight import source_settings
+    from moai.stages.convert.compressed import text_bytes
+    from moai.stages.convert.readers import source_files
+
+    try:
+        total = 0
+        for _, src in source_settings(config):
+            if src.hub is not None or "://" in str(src.path):
+                return False
+            total += text_bytes(source_files(src))
+        return total <= SMALL_RUN_BYTES
+    except Exception:  # the preflight says what is wrong with the sources
+        return False
 
 
 def _fast_threads(config: PipelineConfig, plan: Plan | None) -> int | None:
@@ -376,8 +433,12 @@ def _fast_threads(config: PipelineConfig, plan: Plan | None) -> int | None:
         return None
 
 
-def _build_ahead(ref: Reference, threads: int | None, stop: threading.Event) -> None:
+def _build_ahead(ref: Reference, threads: int | None, stop: threading.Event, file: engines.FileBuild | None) -> None:
     with contextlib.suppress(Exception):  # whatever fails here fails again, reported, in the check
+        early = engines.build_file(file, threads, stop) if file is not None else None
         info = ref.info(str(ref.folder))
+        if file is not None and not ref.file_is_pipeline:
+            engines.file_build_dropped(file)  # not what transformers runs: ~210 MB for 131k, freed first
+            early = None
         if not stop.is_set():
-            engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, threads)
+            engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, threads, early)
