@@ -232,15 +232,17 @@ def tokenize(
                 started = time.perf_counter()
                 setup_path = None if pool is None else str(setup_file)
                 results = _encode_all(jobs, pool, setup_path, started, progress, on_progress)
-    seconds = time.perf_counter() - started
+    encode_seconds = time.perf_counter() - started
     dtype = token_dtype(info.vocab_size)
     text_mb = side.result()
     counts = store_counts(write_store_meta(info, out_dir, results), results)
     own_mb, workers_mb = _peak_rss_mb()
+    whole = timing(text_mb, entered)  # the stage's table line: check, waits and files included
     return {
         **counts,
-        **timing(text_mb, started),
-        "tokens_per_s": round(counts["tokens"] / seconds, 1) if seconds > 0 else None,
+        **whole,
+        "tokens_per_s": round(counts["tokens"] / whole["seconds"], 1) if whole["seconds"] > 0 else None,
+        "encode_seconds": round(encode_seconds, 3),  # from the first part encoded with the kept engine
         "engine": choice.engine,
         "engine_reason": choice.engine_reason,
         "engines_tried": choice.engines_tried,
