@@ -123,3 +123,28 @@ def test_the_backend_pipeline_is_written_out_once_and_shared(tokenizer_dir, bos_
     other = load_tokenizer(str(bos_tokenizer_dir))
     other_text = describe(other, "c", "fp3").backend_json
     assert other_text != text and tokenizer_stage.parsed_backend(text) == parsed  # parsed again, not mixed up
+
+
+def test_freed_memory_is_given_back_to_the_system():
+    """`release_freed_memory` returns what was freed inside the heap (glibc keeps it otherwise: a
+    block still in use above it stops the heap from shrinking by itself)."""
+    import ctypes
+
+    import psutil
+
+    from moai.stages.tokenizer import release_freed_memory
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(4096) for _ in range(50_000)]  # 200 MB in small blocks, on the heap
+    for b in blocks:
+        ctypes.memset(b, 1, 4096)
+    keep = libc.malloc(4096)  # above them: the heap cannot shrink past it
+    for b in blocks:
+        libc.free(b)
+    before = psutil.Process().memory_info().rss
+    release_freed_memory()
+    after = psutil.Process().memory_info().rss
+    libc.free(keep)
+    assert before - after > 100 << 20, (before >> 20, after >> 20)
