@@ -73,7 +73,7 @@ def run_tokenize(saved: Path, out: Path, info, num_proc: int, engine: str) -> di
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["tokenizers", "auto"])
+@pytest.mark.parametrize("engine", ["tokenizers", "auto", "gigatoken"])
 def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, tok, monkeypatch, engine):
     monkeypatch.setattr(parts, "PART_MIN_BYTES", 20_000)  # several parts from a small corpus
     hf, info = tok
@@ -82,7 +82,7 @@ def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, t
     one = run_tokenize(saved, tmp_path / "one", info, 1, engine)
     two = run_tokenize(saved, tmp_path / "two", info, 2, engine)
     assert one["tokens"] == two["tokens"] and two["processes"] == 2
-    assert one["engine"] == two["engine"] == ("fastokens" if engine == "auto" else "tokenizers")
+    assert one["engine"] == two["engine"] == ("fastokens" if engine == "auto" else engine)
     # each worker reports its encoding's wall and CPU seconds (the breakdown benchmark's bound uses them)
     assert len(two["profile"]) == 2 and all(p["wall"] > 0 and p["cpu"] > 0 for p in two["profile"])
 
@@ -250,6 +250,28 @@ def test_tiktoken_hands_the_parts_arrays_with_the_same_ids(tok):
         assert [ids[a:b].tolist() for a, b in itertools.pairwise(offsets)] == enc.encode_batch(texts, True)
     finally:
         tk.clear_encoder()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(st.none() | UNICODE_TEXT | st.sampled_from(["<eos>", "a<pad>b", "", " \n"]), min_size=1, max_size=9),
+    cut=st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    large=st.booleans(),
+)
+def test_gigatoken_takes_the_arrow_text_as_it_is_with_the_ids_of_the_strings(tok, texts, cut, large):
+    """The parts hand gigatoken the saved Arrow text (its buffers, no `str`): a slice at any offset,
+    either string type, nulls as "" (`filled`); its ids are those of the same texts as strings."""
+    import pyarrow as pa
+
+    from moai.formats.text import filled
+
+    _, info = tok
+    column = pa.array(["x", "y", "z", *texts, "w", "v"], type=pa.large_string() if large else pa.string())
+    part = filled(column.slice(cut[0], 3 + len(texts) + 2 - cut[0] - cut[1]))
+    strings = [t or "" for t in ["x", "y", "z", *texts, "w", "v"][cut[0] : len(column) - cut[1]]]
+    encoder = engines.GigatokenEncoder(engine_module.engine_setup("gigatoken", info, 2))
+    got, want = encoder.encode_documents(part, info.eos_id), encoder.encode_documents(strings, info.eos_id)
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
 
 
 @given(

@@ -3,7 +3,8 @@
 - Each split is cut into fixed row ranges ("parts") by text bytes alone, so the files come out
   the same for any number of workers (`part_ranges`, `plan_parts`).
 - A process memory-maps the saved Arrow shards itself and reads its rows: no text is pickled
-  through a pipe. Parts are encoded in batches of bounded text (`encode_parts`), converted to
+  through a pipe (an engine that reads Arrow text, gigatoken, gets the mapped buffers themselves;
+  the others `str`s). Parts are encoded in batches of bounded text (`encode_parts`), converted to
   uint16 / uint32 per document by NumPy, and written by that process to the part's own
   `.bin`/`.idx`: there is no single writer that every token funnels through.
 - A document over `pieces.LARGE_DOCUMENT_BYTES` is read from the mapped file and encoded on its own, in exact
@@ -32,6 +33,7 @@ import numpy as np
 from moai.formats.text import (
     MappedTable,
     copy_origin_files,
+    filled,
     open_split_table,
     origins_of,
     row_bytes,
@@ -143,6 +145,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
 
     The first result carries this process's `profile` (`Profile`, plus `wall` and `pid`)."""
     tables = state["tables"]
+    arrow = getattr(state["encoder"], "takes_arrow", False)
     profile = _profile()
     profile.take()  # what warm-up and checks spent is not part of it
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -174,9 +177,13 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
                 before = int(cum[lo - 1]) if lo else 0
                 by_bytes = int(np.searchsorted(cum, before + BATCH_MAX_BYTES - size, side="left")) + 1
                 hi = min(len(cum), lo + job.batch_size - docs, max(by_bytes, lo + 1), large[0])
-                texts = []
-                for at in range(job.start + lo, job.start + hi, READ_ROWS):
-                    texts += text_list(table.slice(at, min(READ_ROWS, job.start + hi - at)).column(0))
+                texts: Any
+                if arrow:  # the encoder reads the mapped text in place: no Python `str` (gigatoken)
+                    texts = filled(table.column(0).slice(job.start + lo, hi - lo)).combine_chunks()
+                else:
+                    texts = []
+                    for at in range(job.start + lo, job.start + hi, READ_ROWS):
+                        texts += text_list(table.slice(at, min(READ_ROWS, job.start + hi - at)).column(0))
                 group.append((job, texts))
                 docs, size = docs + (hi - lo), size + int(cum[hi - 1]) - before
                 lo = hi
@@ -191,7 +198,15 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         if isinstance(group[0][1], memoryview):
             job, data = group[0]
             return [(job, encode_large(data, job.eos_id, np.dtype(job.dtype)))]
-        texts = [t for _, piece in group for t in piece]
+        if arrow:
+            import pyarrow as pa
+
+            arrays = [piece for _, piece in group]
+            if len({p.type for p in arrays}) > 1:  # splits saved with different string types
+                arrays = [p.cast(pa.large_string()) for p in arrays]
+            texts = arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+        else:
+            texts = [t for _, piece in group for t in piece]
         flat, lengths = encode_documents(texts, group[0][0].eos_id, np.dtype(group[0][0].dtype))
         out, doc, tok = [], 0, 0
         for job, piece in group:
