@@ -12,9 +12,11 @@ process; datatrove and the seeds' way: their main process, workers not counted):
   wall time end to end (JSONL MB/s) and the tokenize stage's own seconds (engine check + encoding
   + writing); with `--quarter`, the same on the first quarter of the corpus's lines too, for the
   peak-RSS ratio; with `--splits 2x1 ...`, again with tokenize's processes × threads set so;
+  `--engine NAME` sets its `tokenize.engine` (default `auto`);
 - the raw engines on the texts moai saved (loaded into memory before timing, the encode alone
-  timed, all cores): fastokens `encode_batch_flat`, gigatoken's native `encode_batch` (arrays) and
-  its HF-compatible call, tiktoken (the tokenizer.json translated, when it can be), `tokenizers`
+  timed, all cores): fastokens `encode_batch_flat`, gigatoken's native `encode_batch` (arrays),
+  the same on the Arrow text itself (`gigatoken-arrow`: awkward arrays over the Arrow buffers, no
+  Python `str`), its HF-compatible call, tiktoken (the tokenizer.json translated, when it can be), `tokenizers`
   `encode_batch_fast`, and transformers' own `tokenizer(texts)`; each at every `--raw-batch` size
   (documents a call; default 500, 1000 and 10000, each its own contender, named `engine @size`: an
   engine's speed depends on it, fastokens on 2 cores took 0.81-0.87 s at 250-1000 documents a call
@@ -79,6 +81,7 @@ RAW = [
     "fastokens",
     "gigatoken",
     "gigatoken-hf",
+    "gigatoken-arrow",
     "tiktoken",
     "tokenizers",
     "transformers",
@@ -147,12 +150,37 @@ def run_raw(kind: str, saved: Path, tokenizer: Path, batch: int = 10_000) -> dic
         return run_fastokens_files(saved, tokenizer)
     if kind == AS_MOAI:
         return run_fastokens_as_moai(saved, tokenizer)
+    if kind == "gigatoken-arrow":
+        return run_gigatoken_arrow(saved, tokenizer, batch)
     texts = _texts(saved)
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
     encode = _encoder(kind, tokenizer)
     encode(texts[:64])  # warm-up: thread pools
     started = time.perf_counter()
     tokens = sum(encode(texts[i : i + batch]) for i in range(0, len(texts), batch))
+    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb, "batch": batch}
+
+
+def run_gigatoken_arrow(saved: Path, tokenizer: Path, batch: int) -> dict:
+    """gigatoken's native call on the saved Arrow text as it is: each batch an awkward array over
+    the Arrow buffers (`ak.from_arrow`, packed), made before timing; no Python `str` at all, which
+    fastokens (it takes `str` only) cannot do. Its own pool, one call at a time."""
+    import awkward as ak
+    import gigatoken
+
+    from moai.formats.text import open_split_table, text_bytes
+
+    tables = [open_split_table(saved, split) for split in ("train", "validation")]
+    mb = sum(float(text_bytes(t).sum()) for t in tables) / 1e6
+    batches = [
+        ak.to_packed(ak.from_arrow(t.column(0).slice(at, batch).combine_chunks()))
+        for t in tables
+        for at in range(0, t.num_rows, batch)
+    ]
+    g = gigatoken.Tokenizer(str(tokenizer))
+    g.encode_batch(["warm-up"] * 64)  # its thread pool
+    started = time.perf_counter()
+    tokens = sum(len(g.encode_batch(b).layout.content) for b in batches)
     return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb, "batch": batch}
 
 
@@ -396,7 +424,13 @@ def check_ids(tokens, lengths, texts: list[str], tokenizer: Path) -> str:
 
 
 def run_moai(
-    corpus: Path, tokenizer: Path, template: str | None, seq_len: int, work: Path, split: str | None = None
+    corpus: Path,
+    tokenizer: Path,
+    template: str | None,
+    seq_len: int,
+    work: Path,
+    split: str | None = None,
+    engine: str = "auto",
 ) -> dict:
     cache = work / "cache"
     shutil.rmtree(cache, ignore_errors=True)
@@ -404,9 +438,10 @@ def run_moai(
     if template:
         cfg["source"]["text_template"] = template
     cfg["pack"] = {"seq_len": seq_len}
+    cfg["tokenize"] = {"engine": engine}
     if split:  # processes x threads set in the config instead of the plan's
         procs, threads = (int(x) for x in split.split("x"))
-        cfg["tokenize"] = {"num_proc": procs, "threads_per_proc": threads}
+        cfg["tokenize"].update(num_proc=procs, threads_per_proc=threads)
     path = work / "prepare.yaml"
     path.write_text(json.dumps(cfg))
     started = time.perf_counter()
@@ -483,6 +518,7 @@ def main() -> None:
     parser.add_argument("--megatron-lm", type=Path, help="a Megatron-LM checkout: run its preprocess scripts")
     parser.add_argument("--megatron-python", default=sys.executable, help="the python that runs Megatron's scripts")
     parser.add_argument("--splits", nargs="*", default=[], help="moai again with tokenize PxT set, e.g. 2x1")
+    parser.add_argument("--engine", default="auto", help="moai's tokenize.engine (default auto)")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)  # internal: one contender in this process
     args = parser.parse_args()
@@ -491,7 +527,9 @@ def main() -> None:
         kind, *rest = args.run
         if kind == "moai":
             split = rest[1] if len(rest) > 1 else None
-            r = run_moai(args.corpus, args.tokenizer, args.text_template, args.seq_len, Path(rest[0]), split)
+            r = run_moai(
+                args.corpus, args.tokenizer, args.text_template, args.seq_len, Path(rest[0]), split, args.engine
+            )
         elif kind == "encode-files":
             r = run_encode_files(Path(rest[0]), args.tokenizer)
         elif kind == "datatrove":
@@ -513,6 +551,7 @@ def main() -> None:
     try:
         saved = saved_text(args.corpus, args.tokenizer, args.text_template, work)
         base = ["--corpus", str(args.corpus), "--tokenizer", str(args.tokenizer), "--seq-len", str(args.seq_len)]
+        base += ["--engine", args.engine]
         if args.text_template:
             base += ["--text-template", args.text_template]
         if args.megatron_lm:
