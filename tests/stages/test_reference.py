@@ -282,6 +282,39 @@ def test_parts_encoded_beside_the_check_with_an_engine_it_passes_over_are_encode
     _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir)
 
 
+def test_gigatoken_named_is_built_ahead_and_encodes_beside_the_check(tmp_path, corpus, tokenizer_dir, monkeypatch):
+    """`tokenize.engine: gigatoken`: gigatoken (not fastokens) is built while the stages before run,
+    the parts are encoded with it while the check waits for transformers' ids, and every document
+    is exact. Made to differ, it is refused and nothing is published."""
+    built = []
+    original = engines.prebuild_gigatoken
+    monkeypatch.setattr(engines, "prebuild_gigatoken", lambda setup: built.append(setup.engine) or original(setup))
+    monkeypatch.setattr(engines, "prebuild", lambda *a, **k: built.append("fastokens"))
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}, tokenize={"engine": "gigatoken"}))
+    result = prepare(cfg, progress=False)
+    manifest = json.loads((Path(result["token_store"]) / "_manifest.json").read_text())["report"]
+    assert built == ["gigatoken"]
+    assert manifest["engine"] == "gigatoken" and manifest["check_beside_encoding"] is True
+    assert manifest["encoded_twice"] is False and not engines._prebuilt
+    _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir)
+
+    flat = engines.GigatokenEncoder.encode_flat
+
+    def off_by_one(self, texts, add_special_tokens=True):
+        ids, offsets = flat(self, texts, add_special_tokens)
+        ids = ids.copy()
+        ids[offsets[1:] - 1] += 1
+        return ids, offsets
+
+    monkeypatch.setattr(engines.GigatokenEncoder, "encode_flat", off_by_one)
+    cfg = parse_config(
+        config_dict(tmp_path / "again", corpus, {"path": str(tokenizer_dir)}, tokenize={"engine": "gigatoken"})
+    )
+    with pytest.raises(TokenizerError, match=r"tokenize\.engine gigatoken: ids differ from transformers"):
+        prepare(cfg, progress=False)
+    assert not list((tmp_path / "again" / "cache" / "tokenize").glob("*/tokens.json"))
+
+
 def test_the_sample_depends_on_the_rows_not_their_positions():
     """Sampled by their origins' hash, rows dropped before sampling move few of the others in or out:
     the documents encoded ahead (from convert's output) are nearly all the check's own."""

@@ -271,16 +271,20 @@ def _origins_and_text_mb(text_dir: Path, out_dir: Path, jobs: list[PartJob]) -> 
 def _speculation(info, text_dir: Path, engine: str, fast: tuple[int, int], prefetched, threads: int):
     """(set-up, encoder) of the engine to encode with while the check waits for transformers' ids, or
     None: only when those ids are being made elsewhere (`prefetched`), the stage runs in this process,
-    fastokens is the engine `auto` tries first (or the one named) and was built ahead, and no document is
-    large enough to be cut into pieces (whether that is exact is the check's to say)."""
+    the engine is fastokens (the one `auto` tries first, or named) or gigatoken (named) and was built
+    ahead, and no document is large enough to be cut into pieces (whether that is exact is the check's
+    to say)."""
     from moai.stages.tokenize import engine as engine_module, engines
 
-    if prefetched is None or fast[0] != 1 or engine not in ("auto", "fastokens"):
+    name = "fastokens" if engine == "auto" else engine
+    if prefetched is None or fast[0] != 1 or name not in FAST_ENGINES:
         return None
-    if engines.ENGINES[0].name != "fastokens" or engine_module.has_large_documents(text_dir):
+    if engine == "auto" and engines.ENGINES[0].name != "fastokens":
+        return None
+    if engine_module.has_large_documents(text_dir):
         return None
     try:
-        setup = engine_module.engine_setup("fastokens", info, threads)
+        setup = engine_module.engine_setup(name, info, threads)
     except Exception:  # the check says why, as ever
         return None
     encoder = engines.take_prebuilt(setup)

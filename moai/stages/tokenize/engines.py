@@ -306,7 +306,13 @@ class GigatokenEncoder(_FromFlat):
         """`texts`: `str`s, or an Arrow string array without nulls (read in place)."""
         import awkward as ak
 
-        arr = self.tok.encode_batch(texts if isinstance(texts, list) else _awkward(texts), parallel=self.parallel)
+        if isinstance(texts, list):
+            # as Arrow too: given `str`s its call took ~10x longer beside a busy Python thread (the check
+            # beside the encoding: 7 against 70+ MB/s on its sample), given buffers it needs no GIL
+            import pyarrow as pa
+
+            texts = pa.array(texts, type=pa.large_string())
+        arr = self.tok.encode_batch(_awkward(texts), parallel=self.parallel)
         layout = arr.layout
         if isinstance(layout, ak.contents.ListOffsetArray) and isinstance(layout.content, ak.contents.NumpyArray):
             # the array's own buffers, no copy: ids of text i are data[offsets[i]:offsets[i + 1]]
@@ -443,6 +449,13 @@ def prebuild(
         size_fastokens_pool(threads)
         encoder.ready()
     _prebuilt[(setup.engine, backend_json, split_special_tokens, eos_id)] = encoder
+
+
+def prebuild_gigatoken(setup: EncoderSetup) -> None:
+    """Build gigatoken for this set-up now (`tokenize.engine: gigatoken`), for `build` to take.
+    Its pool starts at the stage's first call: a first parallel call made beside a busy Python
+    thread took seconds here (docs/FIELD-NOTES.md)."""
+    _prebuilt[(setup.engine, setup.backend_json, setup.split_special_tokens, setup.eos_id)] = GigatokenEncoder(setup)
 
 
 def drop_prebuilt() -> None:

@@ -327,7 +327,8 @@ def prefetch(config: PipelineConfig, plan: Plan | None = None) -> Iterator[Refer
         return
     from moai.pipeline.graph import nodes
 
-    small = _small(config)
+    named = config.tokenize.engine
+    small = named in ("auto", "fastokens") and _small(config)
     ref = Reference(folder, uses=sum(n.stage.name == "tokenize" for n in nodes(config)), compare_file=small)
     _running.append(ref)
     # Meanwhile the fastest engine is built before it is needed (parsing a 131k vocabulary takes
@@ -337,7 +338,7 @@ def prefetch(config: PipelineConfig, plan: Plan | None = None) -> Iterator[Refer
     run = contextvars.copy_context().run
     ended, stop = engines.prebuild_begins(), threading.Event()
     file = engines.file_build_begins(folder / "tokenizer.json") if small else None
-    args = (_prebuild, ref, ended, config, plan, stop, file)
+    args = (_prebuild, ref, ended, config, plan, stop, file, named)
     builder = threading.Thread(target=run, args=args, daemon=True, name="moai-prebuild")
     builder.start()
     try:
@@ -378,9 +379,12 @@ def _prebuild(
     plan: Plan | None,
     stop: threading.Event,
     file: engines.FileBuild | None = None,
+    named: str = "auto",
 ) -> None:
     """Build fastokens, ready to encode (`engines.prebuild`), while the stages before tokenize
-    run. Each step first looks at `stop` (the run is over).
+    run. Each step first looks at `stop` (the run is over). With `tokenize.engine: gigatoken`
+    (`named`), gigatoken instead, once transformers has loaded the folder: the stage then encodes
+    with it beside the check as it does with fastokens.
 
     - With `file` (a small run, `_small`): at once from the folder's tokenizer.json. The preflight
       counts its sample with it (`engines.file_counts`) instead of loading the file with
@@ -396,7 +400,10 @@ def _prebuild(
     of it waiting for the late build) against 0.7-1.0 s; 601 MB 6.5-7.5 s against 7.1-7.9 s.
     Comparing the two JSON texts in this process instead held the GIL ~0.9 s of convert (docs/tokenize-engines.md)."""
     try:
-        _build_ahead(ref, _fast_threads(config, plan), stop, file)
+        if named == "gigatoken":
+            _build_gigatoken_ahead(ref, _fast_threads(config, plan), stop)
+        elif named in ("auto", "fastokens"):
+            _build_ahead(ref, _fast_threads(config, plan), stop, file)
     finally:
         ended()
 
@@ -442,3 +449,14 @@ def _build_ahead(ref: Reference, threads: int | None, stop: threading.Event, fil
             early = None
         if not stop.is_set():
             engines.prebuild(info.backend_json, info.split_special_tokens, info.eos_id, threads, early)
+
+
+def _build_gigatoken_ahead(ref: Reference, threads: int | None, stop: threading.Event) -> None:
+    import os
+
+    from moai.stages.tokenize.engine import engine_setup
+
+    with contextlib.suppress(Exception):  # whatever fails here fails again, reported, in the check
+        info = ref.info(str(ref.folder))
+        if not stop.is_set():
+            engines.prebuild_gigatoken(engine_setup("gigatoken", info, threads or os.cpu_count() or 1))
