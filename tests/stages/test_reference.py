@@ -259,21 +259,25 @@ def test_the_sample_made_during_save_is_the_checks_own_sample(tmp_path, corpus, 
 
 
 @pytest.mark.slow
+def _off_by_one(encode_flat):
+    """An engine's `encode_flat` made to differ from transformers: the last id of every text is wrong."""
+
+    def off_by_one(self, texts, add_special_tokens=True):
+        ids, offsets = encode_flat(self, texts, add_special_tokens)
+        ids = ids.copy()
+        ids[offsets[1:] - 1] += 1
+        return ids, offsets
+
+    return off_by_one
+
+
 def test_parts_encoded_beside_the_check_with_an_engine_it_passes_over_are_encoded_again(
     tmp_path, corpus, tokenizer_dir, monkeypatch
 ):
     """fastokens (made to differ: the last id of every text is wrong) encodes the parts while the check
     runs; the check passes it over for gigatoken, and every part is encoded again: each stored
     document is transformers' ids + EOS, none of fastokens' wrong ones is kept."""
-    original = engines.FastokensEncoder.encode_flat
-
-    def off_by_one(self, texts, add_special_tokens=True):
-        ids, offsets = original(self, texts, add_special_tokens)
-        ids = ids.copy()
-        ids[offsets[1:] - 1] += 1
-        return ids, offsets
-
-    monkeypatch.setattr(engines.FastokensEncoder, "encode_flat", off_by_one)
+    monkeypatch.setattr(engines.FastokensEncoder, "encode_flat", _off_by_one(engines.FastokensEncoder.encode_flat))
     cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
     result = prepare(cfg, progress=False)
     manifest = json.loads((Path(result["token_store"]) / "_manifest.json").read_text())["report"]
@@ -298,15 +302,7 @@ def test_gigatoken_named_is_built_ahead_and_encodes_beside_the_check(tmp_path, c
     assert manifest["encoded_twice"] is False and not engines._prebuilt
     _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir)
 
-    flat = engines.GigatokenEncoder.encode_flat
-
-    def off_by_one(self, texts, add_special_tokens=True):
-        ids, offsets = flat(self, texts, add_special_tokens)
-        ids = ids.copy()
-        ids[offsets[1:] - 1] += 1
-        return ids, offsets
-
-    monkeypatch.setattr(engines.GigatokenEncoder, "encode_flat", off_by_one)
+    monkeypatch.setattr(engines.GigatokenEncoder, "encode_flat", _off_by_one(engines.GigatokenEncoder.encode_flat))
     cfg = parse_config(
         config_dict(tmp_path / "again", corpus, {"path": str(tokenizer_dir)}, tokenize={"engine": "gigatoken"})
     )
