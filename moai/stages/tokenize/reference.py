@@ -452,11 +452,10 @@ def _build_ahead(ref: Reference, threads: int | None, stop: threading.Event, fil
 
 
 def _build_gigatoken_ahead(ref: Reference, threads: int | None, stop: threading.Event) -> None:
-    import os
-
+    """gigatoken for `tokenize.engine: gigatoken`, given the plan's threads (unknown: built by the check)."""
     from moai.stages.tokenize.engine import engine_setup
 
     with contextlib.suppress(Exception):  # whatever fails here fails again, reported, in the check
         info = ref.info(str(ref.folder))
-        if not stop.is_set():
-            engines.prebuild_gigatoken(engine_setup("gigatoken", info, threads or os.cpu_count() or 1))
+        if threads is not None and not stop.is_set():
+            engines.prebuild_gigatoken(engine_setup("gigatoken", info, threads))
