@@ -407,7 +407,9 @@ def hf_server():
     yield from serving(started_server())
 
 
-def serve_needing_torch(conn, folder: str, without_torch: bool = False, compare_file: bool = False) -> None:
+def serve_needing_torch(
+    conn, folder: str, without_torch: bool = False, compare_file: bool = False, affixes: bool = False
+) -> None:
     """A reference process (`moai.stages.tokenize.reference._serve`) for a folder that loads only
     with torch: without it, it answers "retry" as the real one does when transformers fails."""
     from moai.stages.tokenize import reference
@@ -415,4 +417,4 @@ def serve_needing_torch(conn, folder: str, without_torch: bool = False, compare_
     if without_torch:
         conn.send(("retry", "ImportError: this tokenizer needs torch (a test)"))
         return
-    reference._serve(conn, folder, False, compare_file)
+    reference._serve(conn, folder, False, compare_file, affixes)

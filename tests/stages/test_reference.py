@@ -17,7 +17,7 @@ from moai.formats.tokens import TokenStore
 from moai.pipeline import prepare
 from moai.pipeline.walk import cold_cache
 from moai.stages import tokenizer as tokenizer_stage
-from moai.stages.tokenize import engines, reference
+from moai.stages.tokenize import engine as engine_module, engines, reference
 from moai.stages.tokenize.engine import sample_rows, sample_texts
 from moai.stages.tokenizer import load_tokenizer
 
@@ -294,10 +294,15 @@ def test_gigatoken_named_is_built_ahead_and_encodes_beside_the_check(tmp_path, c
     original = engines.prebuild_gigatoken
     monkeypatch.setattr(engines, "prebuild_gigatoken", lambda setup: built.append(setup.engine) or original(setup))
     monkeypatch.setattr(engines, "prebuild", lambda *a, **k: built.append("fastokens"))
+    loaded_here = []
+    monkeypatch.setattr(engine_module, "affixes_of", lambda backend_json: loaded_here.append(1))
+    monkeypatch.setattr(engine_module, "_affixes_known", {})
     cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}, tokenize={"engine": "gigatoken"}))
     result = prepare(cfg, progress=False)
     manifest = json.loads((Path(result["token_store"]) / "_manifest.json").read_text())["report"]
     assert built == ["gigatoken"]
+    # the post-processor's affixes came from transformers' process: `tokenizers` was not loaded here
+    assert engine_module._affixes_known and not loaded_here
     assert manifest["engine"] == "gigatoken" and manifest["check_beside_encoding"] is True
     assert manifest["encoded_twice"] is False and not engines._prebuilt
     _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir)

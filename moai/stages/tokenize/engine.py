@@ -15,7 +15,6 @@ this process (a worker, or the main process) into `state`, which `parts` encodes
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import time
@@ -69,14 +68,26 @@ def first_difference(got: engines.Flat, want: engines.Flat, sample: list[str]) -
     return f"{len(g_off) - 1} documents came back for {len(sample)}"
 
 
-def _affixes(info: TokenizerInfo) -> tuple[tuple[int, ...], tuple[int, ...]]:
+Affixes = tuple[tuple[int, ...], tuple[int, ...]]
+_affixes_known: dict[str, Affixes] = {}  # by pipeline: found once a process, or told (`known_affixes`)
+
+
+def _affixes(info: TokenizerInfo) -> Affixes:
     """The ids the post-processor puts before and after a text (what gigatoken's native call leaves out)."""
-    return _affixes_of(info.backend_json)
+    if info.backend_json not in _affixes_known:
+        if len(_affixes_known) >= 4:
+            _affixes_known.clear()
+        _affixes_known[info.backend_json] = affixes_of(info.backend_json)
+    return _affixes_known[info.backend_json]
 
 
-@functools.lru_cache(maxsize=4)
-def _affixes_of(backend_json: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """`_affixes` of a pipeline, once a process (loading it with `tokenizers`: 0.3-0.4 s for 131k)."""
+def known_affixes(backend_json: str, affixes: Affixes) -> None:
+    """`affixes_of(backend_json)`, found elsewhere (transformers' process): not found again here."""
+    _affixes_known[backend_json] = affixes
+
+
+def affixes_of(backend_json: str) -> Affixes:
+    """Load the pipeline with `tokenizers` (0.3-0.4 s for 131k, holding the GIL) and find its affixes."""
     from moai.stages.tokenizer import rust_backend
 
     rust = rust_backend(backend_json)

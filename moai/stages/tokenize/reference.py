@@ -55,12 +55,13 @@ def _files_fingerprint(folder: Path) -> str:
     return fingerprint_files(sorted(p for p in folder.iterdir() if p.is_file() and p.name not in skip))
 
 
-def _serve(conn, folder: str, without_torch: bool = False, compare_file: bool = False) -> None:
+def _serve(conn, folder: str, without_torch: bool = False, compare_file: bool = False, affixes: bool = False) -> None:
     """The reference process: load the tokenizer, send its description, then answer id requests.
     `without_torch`: transformers is imported with torch hidden (`_hide_torch`); a folder that
     does not load so is answered with "retry", and the parent starts a process with torch.
     `compare_file`: the description comes with whether the folder's tokenizer.json is the pipeline
-    loaded (`_file_is_pipeline`); else with False."""
+    loaded (`_file_is_pipeline`); else with False. `affixes`: and with the ids its post-processor
+    puts around a text (`engine.affixes_of`, for gigatoken: found here, the parent's GIL stays free)."""
     logging.getLogger("moai").addHandler(logging.NullHandler())  # the parent logs what matters
     if without_torch:
         _hide_torch()
@@ -69,7 +70,12 @@ def _serve(conn, folder: str, without_torch: bool = False, compare_file: bool = 
 
         tok = load_tokenizer(folder)
         info = describe(tok, folder, "", path=folder)
-        conn.send(("info", (info, compare_file and _file_is_pipeline(tok, Path(folder)))))
+        same = compare_file and _file_is_pipeline(tok, Path(folder))
+        if affixes:
+            from moai.stages.tokenize.engine import affixes_of
+
+            found = affixes_of(info.backend_json)
+        conn.send(("info", (info, same, found if affixes else None)))
     except BaseException as err:  # sent to the parent, which raises it where the stage needs it
         text = f"{type(err).__name__}: {err}" if not isinstance(err, TokenizerError) else str(err)
         conn.send(("retry" if without_torch else "error", text))
@@ -145,9 +151,11 @@ class Reference:
     """A tokenizer folder loaded by transformers in another process: without torch, or, where the
     folder does not load so, with it (`without_torch` says which)."""
 
-    def __init__(self, folder: Path, uses: int | None = None, compare_file: bool = False):
+    def __init__(self, folder: Path, uses: int | None = None, compare_file: bool = False, affixes: bool = False):
         self.folder = folder
         self.compare_file = compare_file  # learn whether the folder's file is the pipeline (`_serve`)
+        self.want_affixes = affixes  # and the post-processor's affixes (`_serve`), here as `affixes`
+        self.affixes: Any = None
         self.uses = uses  # tokenize stages of the run that will check against it (None: unknown)
         self.fingerprint = _files_fingerprint(folder)
         self._info: Any = None
@@ -164,7 +172,7 @@ class Reference:
         conn, child = ctx.Pipe()
         process = ctx.Process(
             target=_serve,
-            args=(child, str(self.folder), without_torch, self.compare_file),
+            args=(child, str(self.folder), without_torch, self.compare_file, self.want_affixes),
             daemon=True,
             name="moai-reference",
         )
@@ -202,7 +210,7 @@ class Reference:
         with self._lock:
             if self._info is None:
                 try:
-                    self._info, self.file_is_pipeline = self._recv()
+                    self._info, self.file_is_pipeline, self.affixes = self._recv()
                 except TokenizerError as err:
                     self._info = err  # every later caller gets the same error
                 if not isinstance(self._info, TokenizerError):
@@ -329,7 +337,8 @@ def prefetch(config: PipelineConfig, plan: Plan | None = None) -> Iterator[Refer
 
     named = config.tokenize.engine
     small = named in ("auto", "fastokens") and _small(config)
-    ref = Reference(folder, uses=sum(n.stage.name == "tokenize" for n in nodes(config)), compare_file=small)
+    uses = sum(n.stage.name == "tokenize" for n in nodes(config))
+    ref = Reference(folder, uses=uses, compare_file=small, affixes=named == "gigatoken")
     _running.append(ref)
     # Meanwhile the fastest engine is built before it is needed (parsing a 131k vocabulary takes
     # fastokens ~1.1 CPU-s): for a small run at once from the folder's file (`_prebuild`), else from
@@ -453,9 +462,11 @@ def _build_ahead(ref: Reference, threads: int | None, stop: threading.Event, fil
 
 def _build_gigatoken_ahead(ref: Reference, threads: int | None, stop: threading.Event) -> None:
     """gigatoken for `tokenize.engine: gigatoken`, given the plan's threads (unknown: built by the check)."""
-    from moai.stages.tokenize.engine import engine_setup
+    from moai.stages.tokenize.engine import engine_setup, known_affixes
 
     with contextlib.suppress(Exception):  # whatever fails here fails again, reported, in the check
         info = ref.info(str(ref.folder))
+        if ref.affixes is not None:
+            known_affixes(info.backend_json, ref.affixes)
         if threads is not None and not stop.is_set():
             engines.prebuild_gigatoken(engine_setup("gigatoken", info, threads))
