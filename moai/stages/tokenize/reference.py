@@ -71,11 +71,13 @@ def _serve(conn, folder: str, without_torch: bool = False, compare_file: bool = 
         tok = load_tokenizer(folder)
         info = describe(tok, folder, "", path=folder)
         same = compare_file and _file_is_pipeline(tok, Path(folder))
+        found = None
         if affixes:
-            from moai.stages.tokenize.engine import affixes_of
+            with contextlib.suppress(Exception):  # the parent finds them itself (and the check says why)
+                from moai.stages.tokenize.engine import affixes_of
 
-            found = affixes_of(info.backend_json)
-        conn.send(("info", (info, same, found if affixes else None)))
+                found = affixes_of(info.backend_json)
+        conn.send(("info", (info, same, found)))
     except BaseException as err:  # sent to the parent, which raises it where the stage needs it
         text = f"{type(err).__name__}: {err}" if not isinstance(err, TokenizerError) else str(err)
         conn.send(("retry" if without_torch else "error", text))
