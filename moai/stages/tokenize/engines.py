@@ -394,10 +394,14 @@ def build(setup: EncoderSetup) -> Encoder:
 
 def take_prebuilt(setup: EncoderSetup) -> Encoder | None:
     """The encoder `prebuild` made for this set-up (waiting while a prebuild runs), once; else None."""
-    key = (setup.engine, setup.backend_json, setup.split_special_tokens, setup.eos_id)
     with _prebuilding:
         _prebuilding.wait_for(lambda: _running_builds == 0)
-        return _prebuilt.pop(key, None)
+        return _prebuilt.pop(_prebuilt_key(setup), None)
+
+
+def _prebuilt_key(setup: EncoderSetup) -> tuple[str, str, bool, int | None]:
+    """What a prebuilt encoder is kept under: its engine and what its ids depend on (not the threads)."""
+    return (setup.engine, setup.backend_json, setup.split_special_tokens, setup.eos_id)
 
 
 # Encoders built ahead of the check (`prebuild`), by (engine, pipeline, split_special_tokens, EOS id); taken once.
@@ -448,14 +452,14 @@ def prebuild(
     if threads is not None:
         size_fastokens_pool(threads)
         encoder.ready()
-    _prebuilt[(setup.engine, backend_json, split_special_tokens, eos_id)] = encoder
+    _prebuilt[_prebuilt_key(setup)] = encoder
 
 
 def prebuild_gigatoken(setup: EncoderSetup) -> None:
     """Build gigatoken for this set-up now (`tokenize.engine: gigatoken`), for `build` to take.
     Its pool starts at the stage's first call: a first parallel call made beside a busy Python
     thread took seconds here (docs/FIELD-NOTES.md)."""
-    _prebuilt[(setup.engine, setup.backend_json, setup.split_special_tokens, setup.eos_id)] = GigatokenEncoder(setup)
+    _prebuilt[_prebuilt_key(setup)] = GigatokenEncoder(setup)
 
 
 def drop_prebuilt() -> None:
