@@ -30,6 +30,18 @@ if [ -n "$extras" ]; then
   # (psutil < 6) are not moai's. Pinned: the tests rely on how its mirrors behave.
   [ -x .venv-olah/bin/python ] || python3 -m venv .venv-olah
   .venv-olah/bin/python -m pip install -q "olah==${MOAI_OLAH:-0.5.4}"
+  # llama.cpp's tokenizer test files (GGUF vocabularies of Llama 3, Qwen2, DeepSeek, Falcon, GPT-2,
+  # StarCoder, Phi-3 ... and its test strings), for the exactness tests (tests/real_tokenizers.py):
+  # from llama-cpp-python's source archive on PyPI (not built), pinned, into .venv/share/llama-vocab
+  vocab=.venv/share/llama-vocab
+  if [ ! -f "$vocab/ggml-vocab-llama-bpe.gguf" ]; then
+    tmp=$(mktemp -d)
+    .venv/bin/python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$tmp"
+    tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp" --wildcards '*/vendor/llama.cpp/models/ggml-vocab-*'
+    mkdir -p "$vocab"
+    mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp/models/ggml-vocab-* "$vocab"/
+    rm -rf "$tmp"
+  fi
 fi
 # Create Prefect's local database now: on a machine without one, the temporary server that
 # `python flows/pretrain.py` starts runs the migrations first and misses Prefect's 20 s start-up

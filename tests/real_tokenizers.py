@@ -9,6 +9,12 @@
   transformers from tokenizer.model (Metaspace, BOS added by the post-processor).
 
 Each is built once per test session (a few seconds each) into a Hugging Face folder.
+
+And `LLAMA_CPP`: production vocabularies from llama.cpp's tokenizer tests (GGUF, vocabulary
+only; `scripts/setup.sh dev` puts them in .venv/share/llama-vocab from llama-cpp-python's source
+archive), read by transformers' GGUF converter (`llama_cpp`): Llama 3, Llama 2 and Phi-3
+SentencePiece, Qwen2, Qwen3.5, DeepSeek Coder and LLM, Falcon, GPT-2, StarCoder, Aquila. The
+other vocabularies there are of architectures transformers does not read from GGUF.
 """
 
 from __future__ import annotations
@@ -92,6 +98,49 @@ def sentencepiece(folder: Path) -> Path:
     )
     AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(folder))
     return folder
+
+
+LLAMA_CPP = (
+    "llama-bpe",
+    "llama-spm",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "gpt-2",
+    "starcoder",
+    "aquila",
+)
+
+
+def llama_vocab_dir() -> Path:
+    import sys
+
+    folder = Path(sys.prefix) / "share" / "llama-vocab"
+    assert (folder / "ggml-vocab-llama-bpe.gguf").is_file(), (
+        f"{folder}: no GGUF vocabularies; run bash scripts/setup.sh dev"
+    )
+    return folder
+
+
+def llama_cpp(name: str, folder: Path) -> Path:
+    """llama.cpp's vocabulary `name` (`LLAMA_CPP`) as transformers reads it from the GGUF file, saved as a folder."""
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(llama_vocab_dir()), gguf_file=f"ggml-vocab-{name}.gguf").save_pretrained(
+        str(folder)
+    )
+    return folder
+
+
+def llama_cpp_test_strings() -> list[str]:
+    """The strings of llama.cpp's tokenizer tests (every `.inp` file; odd whitespace, scripts, code), each once."""
+    texts: list[str] = []
+    for f in sorted(llama_vocab_dir().glob("*.gguf.inp")):
+        texts += f.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    return list(dict.fromkeys(texts))
 
 
 def build(family: str, folder: Path) -> Path:

@@ -9,6 +9,8 @@ broke before: truncation/padding saved in tokenizer.json, and `split_special_tok
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -120,6 +122,66 @@ def test_split_special_tokens_makes_special_text_plain(families, tmp_path, famil
     for i in range(len(specials)):
         body = split.document(i).tolist()[:-1]  # without the EOS moai appends
         assert not special_ids & set(body[len(hf("")["input_ids"]) :]), (family, texts[i], body)
+
+
+# llama.cpp's vocabularies (`rt.LLAMA_CPP`): what auto picks where it is not fastokens, and what a
+# named engine is refused with (fastokens 0.3.5, gigatoken 0.10.0, transformers' GGUF converter)
+LLAMA_CPP_AUTO = {"llama-spm": "gigatoken"}
+NO_BYTE = "cannot express this tokenizer: .* single bytes have no token"
+REMAP = "load error: RuntimeError: Byte remapping failed: no single-byte vocab entry for byte {} "  # its first line
+LLAMA_CPP_CANNOT = {
+    ("llama-spm", "fastokens"): CANNOT["sentencepiece", "fastokens"],
+    ("falcon", "gigatoken"): REMAP.format("0x03"),
+    ("starcoder", "gigatoken"): REMAP.format("0xf1"),
+    ("falcon", "tiktoken"): NO_BYTE,
+    ("starcoder", "tiktoken"): NO_BYTE,
+    **{
+        (family, "tiktoken"): "cannot express this tokenizer: token .* is not reached by merging its own bytes"
+        for family in ("llama-bpe", "deepseek-coder", "deepseek-llm")
+    },
+    **{
+        (family, "tiktoken"): "cannot express this tokenizer: BPE with dropout, byte fallback or sub-word affixes"
+        for family in ("llama-spm", "phi-3")
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", rt.LLAMA_CPP)
+def test_llama_cpp_vocabularies_every_document_equals_transformers(tmp_path, family):
+    """Production vocabularies from llama.cpp's tokenizer tests, as transformers reads them: auto and
+    every named engine give transformers' ids + EOS on every document (llama.cpp's test strings,
+    Korean, code, emoji, the vocabulary's own special tokens in text), byte-identical stores from
+    every exact engine, or (named) a one-line refusal before anything is written."""
+    folder = rt.llama_cpp(family, tmp_path / "tok")
+    hf = load_tokenizer(str(folder))
+    specials = [t for t in hf.all_special_tokens if t]
+    texts = [*rt.llama_cpp_test_strings(), *rt.hard_texts(300, seed=3), *(f"x {t} y{t}\n" for t in specials)]
+    saved = saved_text(tmp_path, texts, val_fraction=0.0)
+    want = hf(texts)["input_ids"]
+    info = describe(hf, str(folder), "fp")
+    stores = {}
+    for engine in ("auto", "fastokens", "gigatoken", "tiktoken", "tokenizers"):
+        out = tmp_path / engine
+        out.mkdir()
+        run = functools.partial(
+            tk.tokenize, info, saved, out, num_proc=1, threads_per_proc=1, batch_size=64, engine=engine, progress=False
+        )
+        if (family, engine) in LLAMA_CPP_CANNOT:
+            with pytest.raises(
+                TokenizerError, match=f"tokenize.engine {engine}: {LLAMA_CPP_CANNOT[family, engine]}"
+            ) as e:
+                run()
+            assert "\n" not in str(e.value) and not list(out.rglob("*.bin"))
+            continue
+        report = run()
+        assert report["engine"] == (LLAMA_CPP_AUTO.get(family, "fastokens") if engine == "auto" else engine)
+        split = TokenStore(out).split("train")
+        wrong = [i for i, ids in enumerate(want) if split.document(i).tolist() != [*ids, info.eos_id]]
+        assert split.num_documents == len(texts) and not wrong, (engine, len(wrong), texts[wrong[0]][:60])
+        stores[engine] = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    first, *rest = stores.values()
+    assert len(stores) >= 3 and all(other == first for other in rest), list(stores)
 
 
 @pytest.mark.slow

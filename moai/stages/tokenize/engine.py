@@ -116,12 +116,12 @@ def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, 
     except NotExpressible as err:
         return None, None, f"cannot express this tokenizer: {err}"
     except Exception as err:  # the engine's own loader refused the tokenizer.json
-        return None, None, f"load error: {type(err).__name__}: {str(err)[:200]}"
+        return None, None, f"load error: {_one_line(err)}"
     started = time.perf_counter()
     try:
         got = encoder.encode_flat(sample, True)
     except Exception as err:
-        return None, None, f"failed on the sample: {type(err).__name__}: {str(err)[:200]}"
+        return None, None, f"failed on the sample: {_one_line(err)}"
     seconds = time.perf_counter() - started
     bad = first_difference(got, want, sample)
     if bad is not None:
@@ -129,6 +129,13 @@ def try_engine(name: str, info: TokenizerInfo, sample: list[str], threads: int, 
     mb = sum(len(t) for t in sample) / 1e6
     rate = f", {mb / seconds:,.0f} MB/s on it" if seconds > 0 else ""
     return setup, encoder, f"matches transformers on all {len(sample)} sampled documents{rate}"
+
+
+def _one_line(err: Exception) -> str:
+    """An engine's error as one line of the report: its type and first line (gigatoken's Rust errors
+    go on with a blank line and the source location), at most 200 characters."""
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    return f"{type(err).__name__}: {first[:200]}"
 
 
 def choose_engine(
