@@ -211,6 +211,24 @@ def test_a_missing_engine_is_named_with_how_to_install_it(tok, monkeypatch):
     assert tried["fastokens"] == "not installed (No module named 'fastokens'); pip install 'fastokens==0.3.5'"
 
 
+def test_an_engines_error_of_several_lines_is_one_line_of_the_report(tok, monkeypatch):
+    """gigatoken's Rust errors run over lines (a blank line, then the source location): a named
+    engine's refusal (and the report's reason) keeps the first."""
+    _, info = tok
+
+    def refuses(self, setup):
+        raise RuntimeError(
+            "Byte remapping failed: no single-byte vocab entry for byte 0x03\n\nLocation:\n    src/x.rs:88"
+        )
+
+    monkeypatch.setattr(engines.GigatokenEncoder, "__init__", refuses)
+    texts = ["hello world"]
+    want = tk.transformers_reference(info)(texts)
+    with pytest.raises(TokenizerError, match="byte 0x03 \\(tokenizer") as err:
+        tk.choose_engine("gigatoken", info, texts, 1, want)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("large", [False, True])
 def test_the_piece_rule_is_checked_only_when_a_document_is_large_enough(tmp_path, tok, monkeypatch, large):
     """Without a document over LARGE_DOCUMENT_BYTES the cut rule is never used: it is not checked
