@@ -150,7 +150,7 @@ LLAMA_CPP_CANNOT = {
 @pytest.mark.parametrize("family", rt.LLAMA_CPP)
 def test_llama_cpp_vocabularies_every_document_equals_transformers(tmp_path, family):
     """Production vocabularies from llama.cpp's tokenizer tests, as transformers reads them: auto and
-    every named engine give transformers' ids + EOS on every document (llama.cpp's test strings,
+    each fast engine and tiktoken named give transformers' ids + EOS on every document (llama.cpp's test strings,
     Korean, code, emoji, the vocabulary's own special tokens in text), byte-identical stores from
     every exact engine, or (named) a one-line refusal before anything is written."""
     folder = rt.llama_cpp(family, tmp_path / "tok")
@@ -161,7 +161,8 @@ def test_llama_cpp_vocabularies_every_document_equals_transformers(tmp_path, fam
     want = hf(texts)["input_ids"]
     info = describe(hf, str(folder), "fp")
     stores = {}
-    for engine in ("auto", "fastokens", "gigatoken", "tiktoken", "tokenizers"):
+    # not `tokenizers` named: it is transformers' own library (the families above run it), and the slowest
+    for engine in ("auto", "fastokens", "gigatoken", "tiktoken"):
         out = tmp_path / engine
         out.mkdir()
         run = functools.partial(
@@ -181,7 +182,7 @@ def test_llama_cpp_vocabularies_every_document_equals_transformers(tmp_path, fam
         assert split.num_documents == len(texts) and not wrong, (engine, len(wrong), texts[wrong[0]][:60])
         stores[engine] = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     first, *rest = stores.values()
-    assert len(stores) >= 3 and all(other == first for other in rest), list(stores)
+    assert len(stores) >= 2 and all(other == first for other in rest), list(stores)
 
 
 @pytest.mark.slow
