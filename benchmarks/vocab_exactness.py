@@ -12,6 +12,12 @@ GGUF converter and saved as a folder; the saved text is tokenized by `auto`, `fa
 `gigatoken`, `tiktoken` and `tokenizers` in turn; each stored document is compared with
 `tokenizer(text)["input_ids"]` + EOS. Prints, per vocabulary and engine: the engine used and
 how many documents are equal, or the one-line refusal; for `auto`, every engine it tried and why.
+
+`--prepare auto gigatoken ...` runs `moai prepare` (the CLI, in a fresh process, cold cache) with
+each of those `tokenize.engine`s instead: the run's own path, with transformers in a process of
+its own, the engine built ahead and the parts encoded beside the check. Its stored documents are
+compared with transformers' ids of the text its save stage kept (`filter.min_chars: 0`, no
+validation split).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=12000, help="records drawn from the corpus")
     parser.add_argument("--text-template", default="{text}", help="how a record becomes its text")
     parser.add_argument("--vocab", nargs="+", default=list(rt.LLAMA_CPP), help="of llama.cpp's vocabularies")
+    parser.add_argument("--prepare", nargs="+", metavar="ENGINE", help="through `moai prepare` with these engines")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # transformers' notes on GGUF conversion
 
@@ -63,6 +70,10 @@ def main() -> None:
             docs = texts + [f"x {t} y{t}\n" for t in hf.all_special_tokens if t]
             want = hf(docs)["input_ids"]
             info = describe(hf, folder, "")
+            if args.prepare:
+                for engine in args.prepare:
+                    print(f"{name:15} {engine:10} {through_prepare(folder, hf, docs, engine, Path(tmp))}", flush=True)
+                continue
             saved = saved_text(Path(tmp), docs, val_fraction=0.0)
             for engine in ("auto", "fastokens", "gigatoken", "tiktoken", "tokenizers"):
                 out = Path(tmp) / engine
@@ -82,6 +93,41 @@ def main() -> None:
                 if engine == "auto":
                     for tried, why in report["engines_tried"].items():
                         print(f"{'':15} {'':10} {tried}: {why}", flush=True)
+
+
+def through_prepare(folder: str, hf, docs: list[str], engine: str, tmp: Path) -> str:
+    """A cold `moai prepare` of `docs` with `tokenize.engine: engine`: its stored documents against transformers."""
+    import shutil
+    import subprocess
+
+    from moai.formats.text import MappedTable
+    from moai.formats.tokens import TokenStore
+
+    source, cache, config = tmp / "docs.jsonl", tmp / "cache", tmp / "prepare.json"
+    if not source.exists():
+        source.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    shutil.rmtree(cache, ignore_errors=True)
+    cfg = {
+        "cache_dir": str(cache),
+        "source": {"path": str(source)},
+        "tokenizer": {"path": folder},
+        "tokenize": {"engine": engine},
+        "filter": {"min_chars": 0},
+        "split": {"val_fraction": 0.0},
+        "pack": {"seq_len": 2048},
+    }
+    config.write_text(json.dumps(cfg))
+    run = subprocess.run([sys.executable, "-m", "moai.cli", "prepare", str(config)], capture_output=True, text=True)
+    if run.returncode != 0:
+        return f"refused (exit {run.returncode}): {run.stderr.strip().splitlines()[-1]}"
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    store = Path(summary["token_store"])
+    report = json.loads((store / "_manifest.json").read_text())["report"]
+    texts = MappedTable(cache / "save" / summary["stages"]["save"]["key"], "train").table.column(0).to_pylist()
+    split, eos = TokenStore(store).split("train"), json.loads((store / "tokens.json").read_text())["eos_id"]
+    equal = sum(split.document(i).tolist() == [*ids, eos] for i, ids in enumerate(hf(texts)["input_ids"]))
+    beside = "encoded beside the check" if report.get("check_beside_encoding") else "check first"
+    return f"{report['engine']:10} {equal:,} of {len(texts):,} equal (moai prepare, {beside})"
 
 
 if __name__ == "__main__":
