@@ -68,12 +68,12 @@ def main() -> None:
             folder = str(rt.llama_cpp(name, Path(tmp) / "tok"))
             hf = load_tokenizer(folder)
             docs = texts + [f"x {t} y{t}\n" for t in hf.all_special_tokens if t]
-            want = hf(docs)["input_ids"]
-            info = describe(hf, folder, "")
-            if args.prepare:
+            if args.prepare:  # compared with transformers' ids of the text prepare's save stage kept
                 for engine in args.prepare:
                     print(f"{name:15} {engine:10} {through_prepare(folder, hf, docs, engine, Path(tmp))}", flush=True)
                 continue
+            want = hf(docs)["input_ids"]
+            info = describe(hf, folder, "")
             saved = saved_text(Path(tmp), docs, val_fraction=0.0)
             for engine in ("auto", "fastokens", "gigatoken", "tiktoken", "tokenizers"):
                 out = Path(tmp) / engine
