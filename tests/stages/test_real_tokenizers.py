@@ -53,12 +53,22 @@ def tokenize_and_compare(folder, texts, saved, out, *, engine="auto", num_proc=1
     report = tk.tokenize(
         info, saved, out, num_proc=num_proc, threads_per_proc=1, batch_size=64, engine=engine, progress=False
     )
+    split = assert_documents(out, texts, hf(texts)["input_ids"], info.eos_id)
+    return report, hf, info, split
+
+
+def assert_documents(out, texts, want, eos_id):
+    """Assert every stored document of the store in `out` is transformers' ids (`want`) + EOS; its train split."""
     split = TokenStore(out).split("train")
     assert split.num_documents == len(texts)
-    want = hf(texts)["input_ids"]
-    wrong = [i for i, ids in enumerate(want) if split.document(i).tolist() != [*ids, info.eos_id]]
+    wrong = [i for i, ids in enumerate(want) if split.document(i).tolist() != [*ids, eos_id]]
     assert not wrong, f"{len(wrong)} of {len(texts)} documents differ, first {wrong[0]}: {texts[wrong[0]][:60]!r}"
-    return report, hf, info, split
+    return split
+
+
+def store_bytes(out):
+    """Every file of the store in `out`: relative path -> bytes."""
+    return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
 @pytest.mark.slow
@@ -92,9 +102,7 @@ def test_every_exact_engine_writes_byte_identical_stores(families, corpus, tmp_p
     for engine in ("fastokens", "gigatoken", "tiktoken", "tokenizers"):
         if (family, engine) not in CANNOT:
             tokenize_and_compare(families[family], texts, saved, tmp_path / engine, engine=engine)
-            stores[engine] = {
-                p.relative_to(tmp_path / engine): p.read_bytes() for p in (tmp_path / engine).rglob("*") if p.is_file()
-            }
+            stores[engine] = store_bytes(tmp_path / engine)
     first, *rest = stores.values()
     assert len(stores) >= 2 and all(other == first for other in rest), list(stores)
 
@@ -177,10 +185,8 @@ def test_llama_cpp_vocabularies_every_document_equals_transformers(tmp_path, fam
             continue
         report = run()
         assert report["engine"] == (LLAMA_CPP_AUTO.get(family, "fastokens") if engine == "auto" else engine)
-        split = TokenStore(out).split("train")
-        wrong = [i for i, ids in enumerate(want) if split.document(i).tolist() != [*ids, info.eos_id]]
-        assert split.num_documents == len(texts) and not wrong, (engine, len(wrong), texts[wrong[0]][:60])
-        stores[engine] = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        assert_documents(out, texts, want, info.eos_id)
+        stores[engine] = store_bytes(out)
     first, *rest = stores.values()
     assert len(stores) >= 2 and all(other == first for other in rest), list(stores)
 
