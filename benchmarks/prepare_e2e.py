@@ -12,7 +12,8 @@ process; datatrove and the seeds' way: their main process, workers not counted):
   wall time end to end (JSONL MB/s) and the tokenize stage's own seconds (engine check + encoding
   + writing); with `--quarter`, the same on the first quarter of the corpus's lines too, for the
   peak-RSS ratio; with `--splits 2x1 ...`, again with tokenize's processes × threads set so;
-  `--engine NAME` sets its `tokenize.engine` (default `auto`);
+  `--engine NAME` sets its `tokenize.engine` (default `auto`); with `--checkouts DIR ...`, again
+  from each of those checkouts of moai (PYTHONPATH), in the same rounds: an A/B of two versions;
 - the raw engines on the texts moai saved (loaded into memory before timing, the encode alone
   timed, all cores): fastokens `encode_batch_flat`, gigatoken's native `encode_batch` (arrays),
   the same on the Arrow text itself (`gigatoken-arrow`: awkward arrays over the Arrow buffers, no
@@ -157,8 +158,15 @@ def run_raw(kind: str, saved: Path, tokenizer: Path, batch: int = 10_000) -> dic
     encode = _encoder(kind, tokenizer)
     encode(texts[:64])  # warm-up: thread pools
     started = time.perf_counter()
+    cpu_started = time.process_time()  # the process's CPU, every thread
     tokens = sum(encode(texts[i : i + batch]) for i in range(0, len(texts), batch))
-    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb, "batch": batch}
+    return {
+        "seconds": time.perf_counter() - started,
+        "cpu": time.process_time() - cpu_started,
+        "tokens": tokens,
+        "mb": mb,
+        "batch": batch,
+    }
 
 
 def run_gigatoken_arrow(saved: Path, tokenizer: Path, batch: int) -> dict:
@@ -180,8 +188,15 @@ def run_gigatoken_arrow(saved: Path, tokenizer: Path, batch: int) -> dict:
     g = gigatoken.Tokenizer(str(tokenizer))
     g.encode_batch(["warm-up"] * 64)  # its thread pool
     started = time.perf_counter()
+    cpu_started = time.process_time()  # the process's CPU, every thread
     tokens = sum(len(g.encode_batch(b).layout.content) for b in batches)
-    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb, "batch": batch}
+    return {
+        "seconds": time.perf_counter() - started,
+        "cpu": time.process_time() - cpu_started,
+        "tokens": tokens,
+        "mb": mb,
+        "batch": batch,
+    }
 
 
 def run_fastokens_files(saved: Path, tokenizer: Path) -> dict:
@@ -246,9 +261,15 @@ def run_fastokens_as_moai(saved: Path, tokenizer: Path) -> dict:
             batch, size = [], 0
     batches += [batch] if batch else []
     started = time.perf_counter()
+    cpu_started = time.process_time()  # the process's CPU, every thread
     with ThreadPoolExecutor(engines.CALLS_IN_FLIGHT) as pool:
         tokens = sum(len(ids) for ids, _ in pool.map(lambda b: encoder.encode_documents(b, eos), batches))
-    return {"seconds": time.perf_counter() - started, "tokens": tokens, "mb": mb}
+    return {
+        "seconds": time.perf_counter() - started,
+        "cpu": time.process_time() - cpu_started,
+        "tokens": tokens,
+        "mb": mb,
+    }
 
 
 def run_datatrove(saved: Path, tokenizer: Path, work: Path) -> dict:
@@ -431,10 +452,12 @@ def run_moai(
     work: Path,
     split: str | None = None,
     engine: str = "auto",
+    checkout: str | None = None,
 ) -> dict:
     cache = work / "cache"
     shutil.rmtree(cache, ignore_errors=True)
-    cfg: dict = {"cache_dir": str(cache), "source": {"path": str(corpus)}, "tokenizer": {"path": str(tokenizer)}}
+    cfg: dict = {"cache_dir": str(cache), "source": {"path": str(corpus.resolve())}}
+    cfg["tokenizer"] = {"path": str(tokenizer.resolve())}
     if template:
         cfg["source"]["text_template"] = template
     cfg["pack"] = {"seq_len": seq_len}
@@ -445,9 +468,16 @@ def run_moai(
     path = work / "prepare.yaml"
     path.write_text(json.dumps(cfg))
     started = time.perf_counter()
+    env = None if checkout is None else {**os.environ, "PYTHONPATH": str(Path(checkout).resolve())}
     out = subprocess.run(
-        [sys.executable, "-m", "moai.cli", "prepare", str(path)], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "moai.cli", "prepare", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,  # `-m` puts the working folder first on the path: not a checkout's own folder
     )
+    if out.returncode:
+        raise RuntimeError(f"moai prepare exited {out.returncode}: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
     seconds = time.perf_counter() - started
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     store = Path(summary["token_store"])
@@ -461,6 +491,8 @@ def run_moai(
         "tokenize_parts": {
             k: report.get(k) for k in ("seconds", "check_seconds", "check_parts", "check_sampled_ahead")
         },
+        # the stage's process, its first (here only) one: CPU and wall, and seconds by kind (`Profile`)
+        "tokenize_profile": (report.get("profile") or [None])[0],
         "engine": report["engine"],
         "stages": {k: v.get("seconds") for k, v in summary["stages"].items()},
         # the prepare process's own peak, up to the end of tokenize (pack holds no text); the
@@ -519,6 +551,9 @@ def main() -> None:
     parser.add_argument("--megatron-python", default=sys.executable, help="the python that runs Megatron's scripts")
     parser.add_argument("--splits", nargs="*", default=[], help="moai again with tokenize PxT set, e.g. 2x1")
     parser.add_argument("--engine", default="auto", help="moai's tokenize.engine (default auto)")
+    parser.add_argument(
+        "--checkouts", nargs="*", type=Path, default=[], help="moai again from these checkouts (an A/B in one run)"
+    )
     parser.add_argument("--work", type=Path)
     parser.add_argument("--run", nargs="+", help=argparse.SUPPRESS)  # internal: one contender in this process
     args = parser.parse_args()
@@ -526,9 +561,17 @@ def main() -> None:
     if args.run:
         kind, *rest = args.run
         if kind == "moai":
-            split = rest[1] if len(rest) > 1 else None
+            split = rest[1] if len(rest) > 1 and rest[1] != "-" else None
+            checkout = rest[2] if len(rest) > 2 else None
             r = run_moai(
-                args.corpus, args.tokenizer, args.text_template, args.seq_len, Path(rest[0]), split, args.engine
+                args.corpus,
+                args.tokenizer,
+                args.text_template,
+                args.seq_len,
+                Path(rest[0]),
+                split,
+                args.engine,
+                checkout,
             )
         elif kind == "encode-files":
             r = run_encode_files(Path(rest[0]), args.tokenizer)
@@ -577,6 +620,9 @@ def main() -> None:
                 qbase[1] = str(quarter)
                 contenders.append(("moai (quarter)", [*qbase, "--run", "moai", str(work / "moai-q")]))
             contenders += [(f"moai {x}", [*base, "--run", "moai", str(work / "moai"), x]) for x in args.splits]
+            contenders += [
+                (f"moai from {c}", [*base, "--run", "moai", str(work / "moai"), "-", str(c)]) for c in args.checkouts
+            ]
             for k in args.raw:
                 sizes = [[]] if k in NOT_RAW else [[str(n)] for n in args.raw_batch]  # NOT_RAW: its own batches
                 for size in sizes:
@@ -666,6 +712,11 @@ def report(rows: dict[str, list[dict]], checks: dict[str, str]) -> None:
                 if i < len(other) and "error" not in other[i]:
                     ratio = other[i]["seconds"] / m["tokenize_seconds"]
                     extra += f"; {what} ({name}) {other[i]['seconds']:.2f} s: {ratio:.2f}×"
+            for name in (k for k in rows if k.startswith("moai from ")):  # the A/B's other checkouts
+                other = rows[name]
+                if i < len(other) and "error" not in other[i]:
+                    ratio = f["seconds"] / other[i]["tokenize_seconds"]
+                    extra += f"; {name}: stage {other[i]['tokenize_seconds']:.2f} s, {ratio:.2f}×"
             print(
                 f"round {i + 1}: tokenize stage {m['tokenize_seconds']:.2f} s, "
                 f"fastest raw ({f_name}) {f['seconds']:.2f} s: "

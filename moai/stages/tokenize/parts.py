@@ -102,9 +102,11 @@ class Profile:
     """Seconds this process spent, by kind, while encoding parts (`encode_parts`): reading text
     (`read`, the main thread), the encoder itself (`encode`) and ids → arrays (`arrays`), both in
     the helper threads, writing (`write`) and waiting for the helpers (`wait`, main thread).
-    Helper-thread seconds overlap, so their share of wall time can pass 100%."""
+    Helper-thread seconds overlap, so their share of wall time can pass 100%. The same by CPU
+    seconds of the threads that did them (`*_cpu`; `encode_cpu` covers the arrays too): on cores
+    that are all busy, wall seconds count the time a thread waited for a core."""
 
-    KINDS = ("read", "encode", "arrays", "write", "wait")
+    KINDS = ("read", "encode", "arrays", "write", "wait", "read_cpu", "encode_cpu", "write_cpu")
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(self.KINDS, 0.0)
@@ -130,13 +132,14 @@ def encode_documents(texts: list[str], eos_id: int, dtype: np.dtype) -> tuple[np
     """Encode texts with the process's encoder: (flat ids with EOS after each, document lengths).
     The engine hands all ids over as one array, EOS put in by its post-processor (fastokens) or by
     NumPy: no loop over documents."""
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), time.thread_time()
     ids, offsets = state["encoder"].encode_documents(texts, eos_id)
     t1 = time.perf_counter()
     out = ids.astype(dtype, copy=False)
     profile = _profile()
     profile.add("encode", t1 - t0)
     profile.add("arrays", time.perf_counter() - t1)
+    profile.add("encode_cpu", time.thread_time() - cpu)
     return out, np.diff(offsets)
 
 
@@ -148,7 +151,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     arrow = getattr(state["encoder"], "takes_arrow", False)
     profile = _profile()
     profile.take()  # what warm-up and checks spent is not part of it
-    started, cpu_started = time.perf_counter(), time.process_time()
+    started, cpu_started, main_started = time.perf_counter(), time.process_time(), time.thread_time()
 
     def batches():
         """Lists of (job, texts) pieces across part edges, of at most batch_size documents and
@@ -221,7 +224,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
 
     def write(job: PartJob, flat: np.ndarray, lengths: np.ndarray) -> None:
         """In the writer thread, in order: a piece's ids and document ends into its part's files."""
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), time.thread_time()
         if job is not current[0] or current[1] is None:
             _close(current[1])
             current[0] = job
@@ -244,6 +247,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         r["num_tokens"] += len(flat)
         r["num_documents"] += len(lengths)
         profile.add("write", time.perf_counter() - t0)
+        profile.add("write_cpu", time.thread_time() - cpu)
 
     # Writing runs in a thread of its own (file writes release the GIL): this thread goes on taking
     # the next texts out of Arrow meanwhile. At most WRITES_AHEAD pieces wait for it (bounded memory).
@@ -277,6 +281,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
             "pid": os.getpid(),
             "wall": round(time.perf_counter() - started, 4),
             "cpu": round(time.process_time() - cpu_started, 4),  # all of this process's threads
+            "main_cpu": round(time.thread_time() - main_started, 4),  # this thread's: reading, waiting
             **profile.take(),
             **state.pop("startup", {}),  # the process's first call: its start-up (`init_encoder`)
         }
@@ -287,13 +292,14 @@ def _timed(items, profile: Profile):
     """The items, with the time spent making each added to the profile's `read`."""
     it = iter(items)
     while True:
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), time.thread_time()
         try:
             item = next(it)
         except StopIteration:
             return
         finally:
             profile.add("read", time.perf_counter() - t0)
+            profile.add("read_cpu", time.thread_time() - cpu)
         yield item
 
 
