@@ -314,15 +314,37 @@ def human_bytes(n: float) -> str:
 
 def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     """Every file under `folder` except its manifest: relative path -> size in bytes, xxh3-128 and,
-    for a file over `SMALL_FILE_BYTES`, the digest of its sampled blocks (`sampled_digest`)."""
+    for a file over `SMALL_FILE_BYTES`, the digest of its sampled blocks (`sampled_digest`). A file
+    whose digests were taken as it was written (`remember_digests`) is not read again."""
     out = {}
     for rel in relative_files(folder):
-        size = (folder / rel).stat().st_size
-        rec: dict[str, Any] = {"bytes": size, "xxh3_128": file_digest(folder / rel)}
+        st = (folder / rel).stat()
+        known = _remembered(folder / rel, st)
+        size = st.st_size
+        rec: dict[str, Any] = {"bytes": size, "xxh3_128": known.get("xxh3_128") or file_digest(folder / rel)}
         if size > SMALL_FILE_BYTES:
-            rec[SAMPLED] = sampled_digest(folder / rel, size)
+            rec[SAMPLED] = known.get(SAMPLED) or sampled_digest(folder / rel, size)
         out[rel] = rec
     return out
+
+
+# Digests taken by the writer of a file as it wrote it (`remember_digests`): publishing uses them
+# instead of reading the file back, which for a file written past the page cache (the tokenize
+# stage's ids, `moai.stages.tokenize.idsfile`) means reading it from the disk. Used once, and only
+# while the file's inode, size and modification time are the ones seen when they were remembered.
+_REMEMBERED: dict[str, tuple[tuple[int, int, int], dict[str, str]]] = {}
+
+
+def remember_digests(path: Path, digests: dict[str, str]) -> None:
+    """Keep `digests` ("xxh3_128", and SAMPLED for a file over SMALL_FILE_BYTES) of the closed file
+    at `path` for `describe_files`."""
+    st = path.stat()
+    _REMEMBERED[os.path.abspath(path)] = ((st.st_ino, st.st_size, st.st_mtime_ns), dict(digests))
+
+
+def _remembered(path: Path, st: os.stat_result) -> dict[str, str]:
+    seen, digests = _REMEMBERED.pop(os.path.abspath(path), (None, {}))
+    return digests if seen == (st.st_ino, st.st_size, st.st_mtime_ns) else {}
 
 
 # What every reuse reads: a file up to SMALL_FILE_BYTES (manifests, JSON, indexes, sample-index

@@ -418,3 +418,21 @@ def serve_needing_torch(
         conn.send(("retry", "ImportError: this tokenizer needs torch (a test)"))
         return
     reference._serve(conn, folder, False, compare_file, affixes)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB tmpfs (root only; skipped where it cannot be mounted)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+    ):
+        pytest.skip("needs root and tmpfs mounts to fill a real disk")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

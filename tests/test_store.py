@@ -1,9 +1,7 @@
 import errno
 import json
-import os
 import re
 import shutil
-import subprocess
 import threading
 
 import pytest
@@ -305,24 +303,6 @@ def test_a_disk_full_during_a_build_is_one_line_and_leaves_nothing(tmp_path, rai
         str(err.value),
     ), err.value
     assert [p.name for p in (tmp_path / "tokenize").iterdir()] == []  # not even the lock file
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 1 MiB tmpfs (root only; skipped where it cannot be mounted)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
-        ).returncode
-    ):
-        pytest.skip("needs root and tmpfs mounts to fill a real disk")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_a_really_full_disk_is_one_line_and_the_space_comes_back(small_disk):

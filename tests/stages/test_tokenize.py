@@ -105,6 +105,31 @@ def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, t
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
 
 
+def test_ids_go_through_the_page_cache_once_the_disk_is_behind_with_the_same_bytes(tmp_path, tok, monkeypatch):
+    from moai import store
+    from moai.stages.tokenize import idsfile
+
+    monkeypatch.setattr(parts, "PART_MIN_BYTES", 20_000)  # several parts from a small corpus
+    _, info = tok
+    saved = saved_text(tmp_path, [t for t in make_texts(2600, seed=7) if t.strip()])
+    direct = run_tokenize(saved, tmp_path / "direct", info, 1, "auto")
+    monkeypatch.setattr(idsfile.Pace, "MIN_BYTES", 1)  # measured from the first direct write on
+    monkeypatch.setattr(idsfile.Pace, "FACTOR", 1e12)  # and no disk is fast enough
+    behind = run_tokenize(saved, tmp_path / "behind", info, 1, "auto")
+
+    files = sorted(p.relative_to(tmp_path / "direct") for p in (tmp_path / "direct").rglob("*") if p.is_file())
+    bins = [(tmp_path / "direct" / f).stat().st_size for f in files if f.suffix == ".bin"]
+    assert len(bins) > 2
+    for f in files:
+        assert (tmp_path / "direct" / f).read_bytes() == (tmp_path / "behind" / f).read_bytes(), f
+    # every part's whole blocks went past the page cache; once behind, only the first part's did
+    assert direct["profile"][0]["ids_direct_bytes"] == sum(n - n % idsfile.ALIGN for n in bins)
+    assert behind["profile"][0]["ids_direct_bytes"] == bins[0] - bins[0] % idsfile.ALIGN > 0
+    # the digests the writer took as it wrote (used by publishing) are the files' own
+    for out in ("direct", "behind"):
+        assert store.describe_files(tmp_path / out) == store.describe_files(tmp_path / out)  # 2nd: read again
+
+
 @given(sizes=st.lists(st.integers(0, 5_000_000), max_size=300))
 def test_part_ranges_cover_rows_in_order(sizes):
     ranges = tk.part_ranges(np.array(sizes, dtype=np.int64))

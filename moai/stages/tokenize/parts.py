@@ -6,7 +6,8 @@
   through a pipe (an engine that reads Arrow text, gigatoken, gets the mapped buffers themselves;
   the others `str`s). Parts are encoded in batches of bounded text (`encode_parts`), converted to
   uint16 / uint32 per document by NumPy, and written by that process to the part's own
-  `.bin`/`.idx`: there is no single writer that every token funnels through.
+  `.bin`/`.idx`: there is no single writer that every token funnels through. The `.bin` goes past
+  the page cache while the disk keeps up (`idsfile`).
 - A document over `pieces.LARGE_DOCUMENT_BYTES` is read from the mapped file and encoded on its own, in exact
   pieces where the tokenizer allows it (`encode_large`, see `pieces`).
 
@@ -41,7 +42,7 @@ from moai.formats.text import (
     text_list,
 )
 from moai.formats.tokens import STORE_FORMAT
-from moai.stages.tokenize import engines, pieces
+from moai.stages.tokenize import engines, idsfile, pieces
 from moai.stages.tokenize.engine import state
 from moai.stages.tokenizer import TokenizerInfo
 
@@ -102,11 +103,12 @@ class Profile:
     """Seconds this process spent, by kind, while encoding parts (`encode_parts`): reading text
     (`read`, the main thread), the encoder itself (`encode`) and ids → arrays (`arrays`), both in
     the helper threads, writing (`write`) and waiting for the helpers (`wait`, main thread).
-    Helper-thread seconds overlap, so their share of wall time can pass 100%. The same by CPU
+    Helper-thread seconds overlap, so their share of wall time can pass 100%. `write_wait`: the
+    main thread waiting for the writer, its queue full. The same by CPU
     seconds of the threads that did them (`*_cpu`; `encode_cpu` covers the arrays too): on cores
     that are all busy, wall seconds count the time a thread waited for a core."""
 
-    KINDS = ("read", "encode", "arrays", "write", "wait", "read_cpu", "encode_cpu", "write_cpu")
+    KINDS = ("read", "encode", "arrays", "write", "wait", "read_cpu", "encode_cpu", "write_cpu", "write_wait")
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(self.KINDS, 0.0)
@@ -221,16 +223,19 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
 
     results: list[dict[str, Any]] = []
     current: list[Any] = [None, None]  # the part being written and its (.bin, .idx) files
+    buffer = idsfile.take_buffer()  # the writer's, reused part after part
+    pace = idsfile.Pace()  # the ids go past the page cache while the disk keeps up (`idsfile`)
 
     def write(job: PartJob, flat: np.ndarray, lengths: np.ndarray) -> None:
         """In the writer thread, in order: a piece's ids and document ends into its part's files."""
         t0, cpu = time.perf_counter(), time.thread_time()
         if job is not current[0] or current[1] is None:
-            _close(current[1])
+            _close(current[1], results)
             current[0] = job
             stem = Path(job.out_dir) / job.split / f"part-{job.index:05d}"
             # open across the part's batches: closed when the next part starts, or at the end
-            current[1] = (open(f"{stem}.bin", "wb"), open(f"{stem}.idx", "wb"))  # noqa: SIM115
+            ids = idsfile.IdsFile(Path(f"{stem}.bin"), buffer if pace.direct else None, pace)
+            current[1] = (ids, open(f"{stem}.idx", "wb"))  # noqa: SIM115
             results.append(
                 {
                     "index": job.index,
@@ -242,6 +247,9 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
                 }
             )
         r, files = results[-1], current[1]
+        if not pace.keeps_up(flat.nbytes) and files[0].direct:
+            log.info("the disk is behind the encoder: the rest of the ids go through the page cache")
+            files[0].to_page_cache()
         files[0].write(flat.data)  # no copy of the ids
         files[1].write((np.cumsum(lengths) + r["num_tokens"]).astype("<i8").tobytes())
         r["num_tokens"] += len(flat)
@@ -262,7 +270,9 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
             for job, (flat, lengths) in (piece for group in pipeline for piece in group):
                 writes.append(writer.submit(write, job, flat, lengths))
                 while len(writes) > WRITES_AHEAD:
+                    t0 = time.perf_counter()
                     writes.popleft().result()
+                    profile.add("write_wait", time.perf_counter() - t0)
                 if on_batch is not None:
                     on_batch(len(lengths), len(flat))
                 for t in tables.values():
@@ -272,7 +282,10 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     finally:
         for w in writes:
             w.cancel()
-        _close(current[1])
+        try:
+            _close(current[1], results)
+        finally:
+            idsfile.give_back(buffer)
     for r in results:  # giant documents are counted per process; the first result carries the count
         r["large_documents"], r["forced_cuts"] = state["large_documents"], state["forced_cuts"]
         state["large_documents"] = state["forced_cuts"] = 0
@@ -282,6 +295,9 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
             "wall": round(time.perf_counter() - started, 4),
             "cpu": round(time.process_time() - cpu_started, 4),  # all of this process's threads
             "main_cpu": round(time.thread_time() - main_started, 4),  # this thread's: reading, waiting
+            # the ids written past the page cache, and the seconds the disk took for them (`idsfile`)
+            "ids_direct_bytes": pace.disk_bytes,
+            "ids_direct_seconds": round(pace.disk_seconds, 4),
             **profile.take(),
             **state.pop("startup", {}),  # the process's first call: its start-up (`init_encoder`)
         }
@@ -303,9 +319,14 @@ def _timed(items, profile: Profile):
         yield item
 
 
-def _close(files: tuple[BinaryIO, ...] | None) -> None:
-    for f in files or ():
-        f.close()
+def _close(files: tuple[idsfile.IdsFile, BinaryIO] | None, results: list[dict[str, Any]]) -> None:
+    """Close a part's files; its result keeps the ids file's digests (`bin_digests`), for the store."""
+    if files is None:
+        return
+    try:
+        results[-1]["bin_digests"] = files[0].close()
+    finally:
+        files[1].close()
 
 
 def encode_large(data: memoryview, eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ from moai.stages.tokenize.parts import (
     write_store_meta,
 )
 from moai.stages.tokenizer import TokenizerInfo
-from moai.store import Store
+from moai.store import Store, remember_digests
 
 PARTS_STAGE = "tokenize-parts"
 
@@ -91,6 +91,9 @@ def run_shard(
                             )
                         ]
                     )[0]
+                    digests = r.pop("bin_digests", None)  # taken as written: publishing need not read it
+                    if digests is not None:
+                        remember_digests(out / r["bin"], digests)
                     return {**r, "engine": choice.engine}
 
                 if store.build(PARTS_STAGE, part_key(tokenize_key, job.split, job.index), build).built:
