@@ -13,7 +13,6 @@ pages of them to write back after the stage.
 - The disk must keep up (`Pace`): once 64 MiB went direct, a disk that takes them less than twice
   as fast as the ids arrive (network storage; many cores) sends the rest through the page cache,
   which does not wait for the disk.
-
 - The bytes are hashed as they are written (the store's xxh3-128 and its sampled blocks, taken at
   `close`), and `moai.store.remember_digests` hands them to publishing, so it does not read 550 MB
   back from the disk.

@@ -103,10 +103,10 @@ class Profile:
     """Seconds this process spent, by kind, while encoding parts (`encode_parts`): reading text
     (`read`, the main thread), the encoder itself (`encode`) and ids → arrays (`arrays`), both in
     the helper threads, writing (`write`) and waiting for the helpers (`wait`, main thread).
-    Helper-thread seconds overlap, so their share of wall time can pass 100%. `write_wait`: the
-    main thread waiting for the writer, its queue full. The same by CPU
+    Helper-thread seconds overlap, so their share of wall time can pass 100%. The same by CPU
     seconds of the threads that did them (`*_cpu`; `encode_cpu` covers the arrays too): on cores
-    that are all busy, wall seconds count the time a thread waited for a core."""
+    that are all busy, wall seconds count the time a thread waited for a core. `write_wait`: the
+    main thread waiting for the writer, its queue full."""
 
     KINDS = ("read", "encode", "arrays", "write", "wait", "read_cpu", "encode_cpu", "write_cpu", "write_wait")
 
