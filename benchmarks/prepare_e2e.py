@@ -141,6 +141,17 @@ def _encoder(kind: str, tokenizer: Path):
     raise ValueError(kind)
 
 
+def _timed(started: float, cpu_started: float, tokens: int, mb: float, **extra) -> dict:
+    """A raw contender's result: wall seconds and its process's CPU seconds since the two starts."""
+    return {
+        "seconds": time.perf_counter() - started,
+        "cpu": time.process_time() - cpu_started,
+        "tokens": tokens,
+        "mb": mb,
+        **extra,
+    }
+
+
 def raw_kind(name: str) -> str:
     """The engine of a raw contender's name (`engine @size` or `engine`)."""
     return name.split(" @")[0]
@@ -160,13 +171,7 @@ def run_raw(kind: str, saved: Path, tokenizer: Path, batch: int = 10_000) -> dic
     started = time.perf_counter()
     cpu_started = time.process_time()  # the process's CPU, every thread
     tokens = sum(encode(texts[i : i + batch]) for i in range(0, len(texts), batch))
-    return {
-        "seconds": time.perf_counter() - started,
-        "cpu": time.process_time() - cpu_started,
-        "tokens": tokens,
-        "mb": mb,
-        "batch": batch,
-    }
+    return _timed(started, cpu_started, tokens, mb, batch=batch)
 
 
 def run_gigatoken_arrow(saved: Path, tokenizer: Path, batch: int) -> dict:
@@ -190,13 +195,7 @@ def run_gigatoken_arrow(saved: Path, tokenizer: Path, batch: int) -> dict:
     started = time.perf_counter()
     cpu_started = time.process_time()  # the process's CPU, every thread
     tokens = sum(len(g.encode_batch(b).layout.content) for b in batches)
-    return {
-        "seconds": time.perf_counter() - started,
-        "cpu": time.process_time() - cpu_started,
-        "tokens": tokens,
-        "mb": mb,
-        "batch": batch,
-    }
+    return _timed(started, cpu_started, tokens, mb, batch=batch)
 
 
 def run_fastokens_files(saved: Path, tokenizer: Path) -> dict:
@@ -264,12 +263,7 @@ def run_fastokens_as_moai(saved: Path, tokenizer: Path) -> dict:
     cpu_started = time.process_time()  # the process's CPU, every thread
     with ThreadPoolExecutor(engines.CALLS_IN_FLIGHT) as pool:
         tokens = sum(len(ids) for ids, _ in pool.map(lambda b: encoder.encode_documents(b, eos), batches))
-    return {
-        "seconds": time.perf_counter() - started,
-        "cpu": time.process_time() - cpu_started,
-        "tokens": tokens,
-        "mb": mb,
-    }
+    return _timed(started, cpu_started, tokens, mb)
 
 
 def run_datatrove(saved: Path, tokenizer: Path, work: Path) -> dict:
