@@ -4,6 +4,7 @@ and the store's digests either way (`moai.stages.tokenize.idsfile`)."""
 import mmap
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,3 +119,72 @@ def test_a_disk_that_fills_under_direct_writes_is_the_stores_one_line(small_disk
     with pytest.raises(CacheError, match=r"^tokenize: the disk is full \(No space left on device\) building into "):
         store.Store(small_disk / "cache").build("tokenize", "k" * 20, builder)
     assert list((small_disk / "cache" / "tokenize").iterdir()) == []  # nothing published, nothing left
+
+
+@pytest.fixture
+def slow_disk_cgroup(tmp_path):
+    """A cgroup v1 blkio group whose direct writes to tmp_path's disk are held to 10 MB/s (root,
+    Linux with the v1 blkio controller mounted; skipped elsewhere). Throttling there applies to
+    direct I/O only: the page cache's writeback is not held back, as on a slow disk it would be
+    only once the dirty pages pass the kernel's limits."""
+    blkio = Path("/sys/fs/cgroup/blkio")
+    if os.geteuid() != 0 or not (blkio / "cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 blkio controller to hold a disk back")
+    dev = os.stat(tmp_path).st_dev
+    sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if (sysfs / "partition").exists():  # throttling takes the whole disk
+        sysfs = sysfs.resolve().parent
+    group = blkio / f"moai-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "blkio.throttle.write_bps_device").write_text(f"{(sysfs / 'dev').read_text().strip()} 10000000")
+        yield group
+    finally:
+        group.rmdir()
+
+
+ENCODE_IN = """
+import json, os, sys
+from pathlib import Path
+if sys.argv[4]:
+    Path(sys.argv[4], "cgroup.procs").write_text(str(os.getpid()))  # from here on, this process only
+from moai.stages import tokenize as tk
+from moai.stages.tokenize import idsfile
+from moai.stages.tokenizer import describe, load_tokenizer
+idsfile.Pace.MIN_BYTES = 1 << 20  # a small corpus: decide after 1 MiB
+info = describe(load_tokenizer(sys.argv[1]), sys.argv[1], "fp")
+out = Path(sys.argv[3])
+out.mkdir()
+r = tk.tokenize(info, Path(sys.argv[2]), out, num_proc=1, threads_per_proc=2, batch_size=1000, engine="auto",
+                fast_split=(1, 2), progress=False)
+print(json.dumps(r["profile"][0]))
+"""
+
+
+@pytest.mark.slow
+def test_a_disk_held_back_sends_the_ids_through_the_page_cache_with_the_same_bytes(
+    tmp_path, tokenizer_dir, slow_disk_cgroup
+):
+    import json
+    import subprocess
+
+    from conftest import make_texts, saved_text
+
+    saved = saved_text(tmp_path, [t for t in make_texts(150_000, seed=11) if t.strip()])
+    profiles = {}
+    for name, group in (("free", ""), ("held", str(slow_disk_cgroup))):
+        run = subprocess.run(
+            [sys.executable, "-c", ENCODE_IN, str(tokenizer_dir), str(saved), str(tmp_path / name), group],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        profiles[name] = json.loads(run.stdout.strip().splitlines()[-1])
+    bins = sorted((tmp_path / "free").rglob("*.bin"))
+    whole_blocks = sum(p.stat().st_size - p.stat().st_size % idsfile.ALIGN for p in bins)
+    assert whole_blocks > 4 << 20
+    # at 10 MB/s the disk is behind after the first MiB or so: the rest through the page cache
+    assert 1 << 20 <= profiles["held"]["ids_direct_bytes"] < whole_blocks / 2
+    for p in bins:
+        assert p.read_bytes() == (tmp_path / "held" / p.relative_to(tmp_path / "free")).read_bytes(), p
