@@ -55,7 +55,6 @@ def main() -> None:
 
     from conftest import saved_text
     from moai.errors import TokenizerError
-    from moai.formats.tokens import TokenStore
     from moai.stages import tokenize as tk
     from moai.stages.tokenizer import describe, load_tokenizer
 
@@ -86,13 +85,20 @@ def main() -> None:
                 except TokenizerError as err:
                     print(f"{name:15} {engine:10} refused: {err}", flush=True)
                     continue
-                split = TokenStore(out).split("train")
-                equal = sum(split.document(i).tolist() == [*ids, info.eos_id] for i, ids in enumerate(want))
+                equal = count_equal(out, want, info.eos_id)
                 seconds = time.perf_counter() - t0
                 print(f"{name:15} {engine:10} {report['engine']:10} {equal:,} of {len(docs):,} equal ({seconds:.1f} s)")
                 if engine == "auto":
                     for tried, why in report["engines_tried"].items():
                         print(f"{'':15} {'':10} {tried}: {why}", flush=True)
+
+
+def count_equal(store: Path, want: list[list[int]], eos_id: int) -> int:
+    """How many of the token store's train documents are transformers' ids (`want`) + EOS."""
+    from moai.formats.tokens import TokenStore
+
+    split = TokenStore(store).split("train")
+    return sum(split.document(i).tolist() == [*ids, eos_id] for i, ids in enumerate(want))
 
 
 def through_prepare(folder: str, hf, docs: list[str], engine: str, tmp: Path) -> str:
@@ -101,7 +107,6 @@ def through_prepare(folder: str, hf, docs: list[str], engine: str, tmp: Path) ->
     import subprocess
 
     from moai.formats.text import MappedTable
-    from moai.formats.tokens import TokenStore
 
     source, cache, config = tmp / "docs.jsonl", tmp / "cache", tmp / "prepare.json"
     if not source.exists():
@@ -124,8 +129,8 @@ def through_prepare(folder: str, hf, docs: list[str], engine: str, tmp: Path) ->
     store = Path(summary["token_store"])
     report = json.loads((store / "_manifest.json").read_text())["report"]
     texts = MappedTable(cache / "save" / summary["stages"]["save"]["key"], "train").table.column(0).to_pylist()
-    split, eos = TokenStore(store).split("train"), json.loads((store / "tokens.json").read_text())["eos_id"]
-    equal = sum(split.document(i).tolist() == [*ids, eos] for i, ids in enumerate(hf(texts)["input_ids"]))
+    eos = json.loads((store / "tokens.json").read_text())["eos_id"]
+    equal = count_equal(store, hf(texts)["input_ids"], eos)
     beside = "encoded beside the check" if report.get("check_beside_encoding") else "check first"
     return f"{report['engine']:10} {equal:,} of {len(texts):,} equal (moai prepare, {beside})"
 

@@ -75,13 +75,13 @@ from moai.stages.tokenize.parts import (
     encode_parts,
     part_ranges,
     plan_parts,
+    remember_ids_digests,
     store_counts,
     token_dtype,
     write_origins,
     write_store_meta,
 )
 from moai.stages.tokenizer import TokenizerInfo, info_of
-from moai.store import remember_digests
 from moai.workers import spawn_pool
 
 if TYPE_CHECKING:  # a worker imports this package: it needs no pydantic
@@ -234,10 +234,7 @@ def tokenize(
                 setup_path = None if pool is None else str(setup_file)
                 results = _encode_all(jobs, pool, setup_path, started, progress, on_progress)
     encode_seconds = time.perf_counter() - started
-    for r in results:  # the ids files' digests, taken as they were written: publishing need not read them
-        digests = r.pop("bin_digests", None)
-        if digests is not None:
-            remember_digests(out_dir / r["bin"], digests)
+    remember_ids_digests(out_dir, results)
     dtype = token_dtype(info.vocab_size)
     text_mb = side.result()
     counts = store_counts(write_store_meta(info, out_dir, results), results)

@@ -45,6 +45,7 @@ from moai.formats.tokens import STORE_FORMAT
 from moai.stages.tokenize import engines, idsfile, pieces
 from moai.stages.tokenize.engine import state
 from moai.stages.tokenizer import TokenizerInfo
+from moai.store import remember_digests
 
 log = logging.getLogger("moai.stages.tokenize")  # the stage's log lines keep the stage's name
 
@@ -327,6 +328,15 @@ def _close(files: tuple[idsfile.IdsFile, BinaryIO] | None, results: list[dict[st
         results[-1]["bin_digests"] = files[0].close()
     finally:
         files[1].close()
+
+
+def remember_ids_digests(out_dir: Path, results: list[dict[str, Any]]) -> None:
+    """Hand the store the ids files' digests the writer took (`bin_digests`, taken off the results),
+    so that publishing `out_dir` does not read those files back (`store.remember_digests`)."""
+    for r in results:
+        digests = r.pop("bin_digests", None)
+        if digests is not None:
+            remember_digests(out_dir / r["bin"], digests)
 
 
 def encode_large(data: memoryview, eos_id: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -25,12 +25,13 @@ from moai.stages.tokenize.parts import (
     PartJob,
     encode_parts,
     plan_parts,
+    remember_ids_digests,
     store_counts,
     write_origins,
     write_store_meta,
 )
 from moai.stages.tokenizer import TokenizerInfo
-from moai.store import Store, remember_digests
+from moai.store import Store
 
 PARTS_STAGE = "tokenize-parts"
 
@@ -91,9 +92,7 @@ def run_shard(
                             )
                         ]
                     )[0]
-                    digests = r.pop("bin_digests", None)  # taken as written: publishing need not read it
-                    if digests is not None:
-                        remember_digests(out / r["bin"], digests)
+                    remember_ids_digests(out, [r])
                     return {**r, "engine": choice.engine}
 
                 if store.build(PARTS_STAGE, part_key(tokenize_key, job.split, job.index), build).built:
