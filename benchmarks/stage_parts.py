@@ -81,6 +81,8 @@ def main() -> None:
         finally:
             shutil.rmtree(args.run, ignore_errors=True)
         return
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: give at least 1")
     checkouts = [str(Path(c).resolve()) for c in args.checkouts]
     for c in checkouts:
         if not (Path(c) / "moai" / "__init__.py").is_file():

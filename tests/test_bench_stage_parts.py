@@ -33,7 +33,9 @@ def test_each_checkout_runs_every_round_and_gets_a_row(tmp_path, bos_tokenizer_d
     assert not any(tmp_path.glob("moai-stage-parts-*"))
 
 
-def test_a_folder_without_moai_is_named(tmp_path, bos_tokenizer_dir):
+def test_a_folder_without_moai_and_no_rounds_are_named(tmp_path, bos_tokenizer_dir):
     argv = [sys.executable, str(SCRIPT), "--saved", str(tmp_path), "--tokenizer", str(bos_tokenizer_dir)]
     done = subprocess.run([*argv, "--checkouts", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2 and f"--checkouts {tmp_path}: no moai/ package there" in done.stderr
+    done = subprocess.run([*argv, "--rounds", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--rounds 0: give at least 1" in done.stderr
