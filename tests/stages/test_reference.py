@@ -48,6 +48,25 @@ def test_a_cold_prepare_loads_transformers_only_in_the_reference_process(tmp_pat
     _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir)
 
 
+@pytest.mark.slow
+def test_a_document_for_pieces_holds_the_encoding_until_the_check(tmp_path, corpus, tokenizer_dir, monkeypatch):
+    """Whether pieces give the same ids is the check's to say: with a document large enough for
+    them the parts wait for it (the stage reads each split's sizes once for this and its parts)."""
+    from moai.stages.tokenize import pieces
+
+    monkeypatch.setattr(pieces, "LARGE_DOCUMENT_BYTES", 4 << 10)
+    giant = " ".join(f"word{i} 한국어 def f(x): return x" for i in range(400))  # ~12 KB, one line
+    with open(corpus, "a") as f:
+        f.write(json.dumps({"text": giant}) + "\n")
+    cfg = parse_config(config_dict(tmp_path, corpus, {"path": str(tokenizer_dir)}))
+    result = prepare(cfg, progress=False)
+    manifest = json.loads((Path(result["token_store"]) / "_manifest.json").read_text())["report"]
+    assert manifest["check_sampled_ahead"] is True and "check_beside_encoding" not in manifest
+    assert manifest["large_documents"] >= 1 and manifest["large_documents_whole"] is None
+    assert manifest["check_parts"]["pieces"] > 0
+    _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir)
+
+
 def _assert_every_document_is_transformers(tmp_path, result, tokenizer_dir):
     """Every document of the run's token store is transformers' ids of its saved text + EOS."""
     hf = load_tokenizer(str(tokenizer_dir))

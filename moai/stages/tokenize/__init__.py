@@ -43,7 +43,6 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moai.formats.text import MappedTable, text_bytes
 from moai.report import timing
 
 # Constants are re-exported to be read; to change one, patch it in its module (`parts`, `pieces`).
@@ -58,6 +57,7 @@ from moai.stages.tokenize.engine import (
     choose_encoder,
     choose_engine,
     clear_encoder,
+    has_large_documents,
     init_encoder,
     sample_texts,
     transformers_reference,
@@ -76,6 +76,7 @@ from moai.stages.tokenize.parts import (
     part_ranges,
     plan_parts,
     remember_ids_digests,
+    split_sizes,
     store_counts,
     token_dtype,
     write_origins,
@@ -166,7 +167,10 @@ def tokenize(
         info.vocab_size,
         info.eos_id,
     )
-    jobs = plan_parts(info, text_dir, out_dir, batch_size)
+    sizes = split_sizes(text_dir)  # read once: the parts, large documents, the text's size
+    jobs = plan_parts(info, text_dir, out_dir, batch_size, sizes)
+    large = has_large_documents(text_dir, sizes)
+    text_mb = sum(float(s.sum()) for s in sizes.values()) / 1e6
     classic = (max(1, min(num_proc, len(jobs))), threads_per_proc)
     fast = (max(1, min(fast_split[0], len(jobs))), fast_split[1]) if fast_split is not None else classic
     threads = (fast if engine_is_fast(engine) else classic)[1]
@@ -174,11 +178,11 @@ def tokenize(
     for split in SPLITS:
         (out_dir / split).mkdir(parents=True, exist_ok=True)
     # What does not depend on the ids is done beside the check and the encoding, not after them:
-    # each part's origins, and the text's size
+    # each part's origins
     with ThreadPoolExecutor(1, thread_name_prefix="moai-origins") as beside:
-        side = beside.submit(_origins_and_text_mb, text_dir, out_dir, jobs)
+        side = beside.submit(_origins, text_dir, out_dir, jobs)
         extra: dict[str, Any] = {}
-        guess = _speculation(info, text_dir, engine, fast, prefetched, threads)
+        guess = None if large else _speculation(info, engine, fast, prefetched, threads)
         if guess is not None:
             # The check waits for transformers' ids of its sample (made during save, perhaps not yet
             # done): meanwhile the parts are encoded with the engine it keeps when that one is exact.
@@ -197,6 +201,7 @@ def tokenize(
                 guess,
                 progress,
                 on_progress,
+                large,
             )
             num_proc, threads_per_proc = 1, threads
             extra = {"check_beside_encoding": True, "encoded_twice": again}
@@ -210,7 +215,7 @@ def tokenize(
                     pool = _start_pool(stack, *classic)
                 check_started = time.perf_counter()
                 ahead = prefetched() if prefetched is not None else None  # waits for them: part of the check
-                choice = choose_encoder(info, text_dir, engine, threads, reference, ahead)
+                choice = choose_encoder(info, text_dir, engine, threads, reference, ahead, large=large)
                 if checked is not None:
                     checked()
                 check_seconds = time.perf_counter() - check_started
@@ -236,7 +241,7 @@ def tokenize(
     encode_seconds = time.perf_counter() - started
     remember_ids_digests(out_dir, results)
     dtype = token_dtype(info.vocab_size)
-    text_mb = side.result()
+    side.result()
     counts = store_counts(write_store_meta(info, out_dir, results), results)
     own_mb, workers_mb = _peak_rss_mb()
     whole = timing(text_mb, entered)  # the stage's table line: check, waits and files included
@@ -264,26 +269,23 @@ def tokenize(
     }
 
 
-def _origins_and_text_mb(text_dir: Path, out_dir: Path, jobs: list[PartJob]) -> float:
-    """Write each part's origins (`write_origins`); the megabytes of text of every split."""
+def _origins(text_dir: Path, out_dir: Path, jobs: list[PartJob]) -> None:
+    """Write each part's origins (`write_origins`)."""
     write_origins(text_dir, out_dir, [(j.split, j.index, j.start, j.stop) for j in jobs])
-    return sum(float(text_bytes(MappedTable(text_dir, split).table).sum()) for split in SPLITS) / 1e6
 
 
-def _speculation(info, text_dir: Path, engine: str, fast: tuple[int, int], prefetched, threads: int):
+def _speculation(info, engine: str, fast: tuple[int, int], prefetched, threads: int):
     """(set-up, encoder) of the engine to encode with while the check waits for transformers' ids, or
     None: only when those ids are being made elsewhere (`prefetched`), the stage runs in this process,
     the engine is fastokens (the one `auto` tries first, or named) or gigatoken (named) and was built
-    ahead, and no document is large enough to be cut into pieces (whether that is exact is the check's
-    to say)."""
+    ahead. Not called when a document is large enough to be cut into pieces (whether that is exact
+    is the check's to say)."""
     from moai.stages.tokenize import engine as engine_module, engines
 
     name = "fastokens" if engine == "auto" else engine
     if prefetched is None or fast[0] != 1 or name not in FAST_ENGINES:
         return None
     if engine == "auto" and engines.ENGINES[0].name != "fastokens":
-        return None
-    if engine_module.has_large_documents(text_dir):
         return None
     try:
         setup = engine_module.engine_setup(name, info, threads)
@@ -294,7 +296,7 @@ def _speculation(info, text_dir: Path, engine: str, fast: tuple[int, int], prefe
 
 
 def _encode_beside_check(
-    info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, checked, guess, progress, on_progress
+    info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, checked, guess, progress, on_progress, large
 ):
     """Encode every part with the guessed engine while the check runs in a thread; keep the parts if
     the check keeps that engine, else encode them all again with the one it chose. Returns the
@@ -305,7 +307,8 @@ def _encode_beside_check(
     def check():
         t0 = time.perf_counter()
         ahead = prefetched()
-        choice = choose_encoder(info, text_dir, engine, threads, reference, ahead, built={setup.engine: encoder})
+        built = {setup.engine: encoder}
+        choice = choose_encoder(info, text_dir, engine, threads, reference, ahead, built=built, large=large)
         if checked is not None:
             checked()
         return choice, ahead is not None, time.perf_counter() - t0

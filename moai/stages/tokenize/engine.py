@@ -356,11 +356,12 @@ class EngineChoice:
         return f"{self.engine} {self.engines_tried[self.engine]}"
 
 
-def has_large_documents(text_dir: Path) -> bool:
-    """Does any split hold a document over `pieces.LARGE_DOCUMENT_BYTES` (encoded in pieces)?"""
+def has_large_documents(text_dir: Path, sizes: dict[str, np.ndarray] | None = None) -> bool:
+    """Does any split hold a document over `pieces.LARGE_DOCUMENT_BYTES` (encoded in pieces)?
+    `sizes`: each split's text bytes a row (`parts.split_sizes`), when the caller has them."""
     for split in ("train", "validation"):
-        table = open_split_table(text_dir, split)
-        if table.num_rows and int(text_bytes(table).max()) > pieces.LARGE_DOCUMENT_BYTES:
+        lengths = sizes[split] if sizes is not None else text_bytes(open_split_table(text_dir, split))
+        if len(lengths) and int(lengths.max()) > pieces.LARGE_DOCUMENT_BYTES:
             return True
     return False
 
@@ -373,12 +374,14 @@ def choose_encoder(
     reference: Reference | None = None,
     prefetched: tuple[list[str], engines.Flat] | None = None,
     built: dict[str, engines.Encoder] | None = None,
+    large: bool | None = None,
 ) -> EngineChoice:
     """Sample the corpus, choose the engine, check it against transformers, and the piece rule too
     when the corpus has a document large enough to be encoded in pieces (else the rule is never
     used, and checking it would cost ~0.3-0.6 s of every run for nothing). `reference` gives
     transformers' ids (default: `transformers_reference` in this process); `prefetched`, the same
-    sample of `text_dir` and transformers' ids of it, made while save wrote it (`reference`)."""
+    sample of `text_dir` and transformers' ids of it, made while save wrote it (`reference`);
+    `large`: `has_large_documents(text_dir)`, when the caller has it."""
     t0 = time.perf_counter()
     if prefetched is not None:
         sample, want_flat = prefetched
@@ -390,7 +393,8 @@ def choose_encoder(
     t2 = time.perf_counter()
     setup, encoder, tried = choose_engine(requested, info, sample, threads, want_flat, built)
     t3 = time.perf_counter()
-    large = has_large_documents(text_dir)
+    if large is None:
+        large = has_large_documents(text_dir)
     pieces_reason = check_pieces(encoder, sample, engines.lists_of(want_flat)) if large else None
     setup = dataclasses.replace(setup, pieces_exact=large and pieces_reason is None)
     seconds = {"sample": t1 - t0, "transformers": t2 - t1, "engines": t3 - t2, "pieces": time.perf_counter() - t3}

@@ -394,13 +394,22 @@ def _pipelined(items, fn, threads: int = 2, ahead: int = 2, profile: Profile | N
             yield result(pending.popleft())
 
 
-def plan_parts(info: TokenizerInfo, text_dir: Path, out_dir: Path, batch_size: int) -> list[PartJob]:
-    """Every part of every split, in order, writing under out_dir/<split>/."""
+def split_sizes(text_dir: Path) -> dict[str, np.ndarray]:
+    """Each split's text bytes a row (`text_bytes`): read once by the stage, for its parts, whether
+    a document is large enough to be cut into pieces, and the megabytes of text."""
+    return {split: text_bytes(open_split_table(text_dir, split)) for split in SPLITS}
+
+
+def plan_parts(
+    info: TokenizerInfo, text_dir: Path, out_dir: Path, batch_size: int, sizes: dict[str, np.ndarray] | None = None
+) -> list[PartJob]:
+    """Every part of every split, in order, writing under out_dir/<split>/. `sizes`: `split_sizes`,
+    when the caller has them."""
     dtype = token_dtype(info.vocab_size)
     jobs: list[PartJob] = []
+    sizes = sizes if sizes is not None else split_sizes(text_dir)
     for split in SPLITS:
-        sizes = text_bytes(open_split_table(text_dir, split))
-        for i, (lo, hi) in enumerate(part_ranges(sizes)):
+        for i, (lo, hi) in enumerate(part_ranges(sizes[split])):
             jobs.append(PartJob(str(text_dir), split, i, lo, hi, str(out_dir), dtype.str, info.eos_id, batch_size))
     return jobs
 
