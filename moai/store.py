@@ -15,12 +15,12 @@ The manifest lists every file of the folder with its size and xxh3-128 digest, t
 before publishing while the files are still in the page cache: 10-15 ms for 50 MB on one core,
 against 50-100 ms to write them (read back from disk, as `moai cache verify` does: ~100 ms), or
 by the file's writer as it wrote it (`remember_digests`: the tokenize stage's ids, written past
-the page cache), and a digest of itself. Every reuse checks the manifest against that digest, that each listed file is
-there with its size, hashes the small files (up to 1 MiB: JSON, indexes, sample-index metadata)
-whole and a larger one's 16 sampled blocks (`content_problems`), so a truncated, deleted or
-overwritten file is named with its fix (`CacheError`) instead of feeding a later stage wrong
-data; `verify_cache` (`moai cache verify`) checks every byte and lists files nobody recorded
-(`moai.cache`).
+the page cache), and a digest of itself. Every reuse checks the manifest against that digest,
+that each listed file is there with its size, hashes the small files (up to 1 MiB: JSON,
+indexes, sample-index metadata) whole and a larger one's 16 sampled blocks (`content_problems`),
+so a truncated, deleted or overwritten file is named with its fix (`CacheError`) instead of
+feeding a later stage wrong data; `verify_cache` (`moai cache verify`) checks every byte and
+lists files nobody recorded (`moai.cache`).
 
 Faults of the machine are one line too (`CacheError`): a stage folder that cannot be created or
 written, a lock file that cannot be opened, a disk that fills during a build (the line names the
