@@ -59,6 +59,8 @@ class Plan:
     # (processes, threads each) when the engine is fastokens or gigatoken
     fast_engines: Decision = Decision((1, 1), "one process, one thread")
     convert_workers: Decision = Decision(1, "convert's own thread")
+    # documents a call when the engine is fastokens or gigatoken (`batch_size`: the other engines)
+    fast_batch_size: Decision = Decision(1000, "as batch_size")
 
     def rows(self) -> list[dict[str, str]]:
         """The plan as table rows (setting, value, reason), for printing and UI artifacts."""
@@ -71,6 +73,7 @@ class Plan:
             "memory_mode",
             "loader_workers",
             "fast_engines",
+            "fast_batch_size",
             "convert_workers",
         ):
             d: Decision = getattr(self, name)
@@ -195,6 +198,10 @@ CONVERT_WORKERS_MIN_CORES = 4
 # tokenizers 16×1 0.33, 8×2 0.38–0.56, 4×4 0.44–0.54; tiktoken 16×1 0.35, 8×2 0.46–0.58, 4×4 0.65–0.80.
 THREADS_PER_PROC_MANY_CORES = 4
 SMALL_MACHINE_CORES = 4
+# fastokens and gigatoken: documents a call at most, besides `parts.BATCH_MAX_BYTES` of text (~4 MB),
+# which bounds it first unless the documents are under ~40 bytes. Their calls are sized by the text:
+# at the plan's 1000 documents (1.6 MB of 1.6 KB records) the stage's parts took 1.05x the time.
+FAST_BATCH_DOCUMENTS = 100_000
 # Memory a tokenize worker holds beyond its batch (interpreter, tokenizer, Arrow maps).
 WORKER_BASE_GB = 0.4
 
@@ -240,8 +247,17 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
     fast = _fast_engine_split(hw.cores, tok.num_proc, tok.threads_per_proc)
 
     batch = _explicit("batch_size", tok.batch_size or res.batch_size, env)
-    if batch is None:
-        batch = Decision(1000, "1000 documents per encode call: enough work for every thread, bounded memory")
+    if batch is not None:
+        fast_batch = batch
+    else:
+        batch = Decision(
+            1000, "1000 documents per encode call (tiktoken, tokenizers): enough work for every thread, bounded memory"
+        )
+        fast_batch = Decision(
+            FAST_BATCH_DOCUMENTS,
+            f"fastokens/gigatoken: ~4 MB of text per call, up to {FAST_BATCH_DOCUMENTS:,} documents (on 2 cores, "
+            "1000 a call took 1.05x the time of ~4 MB calls: docs/performance.md)",
+        )
 
     writer = _explicit("writer_batch_size", res.writer_batch_size, env)
     if writer is None:
@@ -277,7 +293,16 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
         )
 
     return Plan(
-        num_proc, threads, batch, writer, memory_mode, loader, hardware=hw, fast_engines=fast, convert_workers=convert
+        num_proc,
+        threads,
+        batch,
+        writer,
+        memory_mode,
+        loader,
+        hardware=hw,
+        fast_engines=fast,
+        convert_workers=convert,
+        fast_batch_size=fast_batch,
     )
 
 

@@ -44,6 +44,16 @@ def test_config_beats_environment_beats_heuristic():
     assert "config" in p.num_proc.reason
 
 
+def test_fast_engines_take_calls_by_text_unless_a_batch_size_is_set():
+    from moai.hardware import FAST_BATCH_DOCUMENTS
+
+    p = plan(hw(2, 16), cfg())
+    assert (p.batch_size.value, p.fast_batch_size.value) == (1000, FAST_BATCH_DOCUMENTS)
+    assert "4 MB" in p.fast_batch_size.reason
+    for p in (plan(hw(2, 16), cfg(tokenize={"batch_size": 64})), plan(hw(2, 16), cfg(), {"batch_size": 64})):
+        assert p.fast_batch_size == p.batch_size and p.batch_size.value == 64
+
+
 def test_memory_mode_and_loader_workers():
     assert plan(hw(2, 1.0), cfg()).memory_mode.value == "lean"
     assert plan(hw(2, 16.0), cfg()).memory_mode.value == "stream"
@@ -62,6 +72,7 @@ def test_rows_cover_every_decision():
         "memory_mode",
         "loader_workers",
         "fast_engines",
+        "fast_batch_size",
         "convert_workers",
     ]
     assert all(r["reason"] for r in rows)

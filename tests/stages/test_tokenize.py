@@ -105,6 +105,46 @@ def test_store_reproduces_documents_and_worker_count_does_not_matter(tmp_path, t
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
 
 
+@pytest.mark.parametrize("engine", ["fastokens", "tokenizers"])
+def test_fastokens_calls_take_fast_batch_size_documents_with_the_same_bytes(tmp_path, tok, monkeypatch, engine):
+    """`fast_batch_size` (the plan's: by the text, not 1000 documents) sizes fastokens' calls; the
+    other engines keep `batch_size`; the store's bytes do not change."""
+    _, info = tok
+    texts = [t for t in make_texts(900, seed=3) if t.strip()]
+    saved = saved_text(tmp_path, texts)
+    calls: list[int] = []
+    real = parts.encode_documents
+
+    def counted(batch, *args):
+        calls.append(len(batch))
+        return real(batch, *args)
+
+    monkeypatch.setattr(parts, "encode_documents", counted)
+    stores = {}
+    for fast_batch_size in (None, 100_000):
+        out = tmp_path / f"out-{fast_batch_size}"
+        out.mkdir()
+        calls.clear()
+        r = tk.tokenize(
+            info,
+            saved,
+            out,
+            num_proc=1,
+            threads_per_proc=1,
+            batch_size=50,
+            engine=engine,
+            fast_batch_size=fast_batch_size,
+            progress=False,
+        )
+        assert r["engine"] == engine
+        most = 50 if fast_batch_size is None or engine != "fastokens" else 100_000
+        assert max(calls) <= most and sum(calls) == len(texts)
+        assert max(calls) > 50 if most > 50 else max(calls) == 50
+        files = sorted(p for p in out.rglob("*") if p.is_file())
+        stores[fast_batch_size] = {p.relative_to(out): p.read_bytes() for p in files}
+    assert stores[None] == stores[100_000]
+
+
 def test_ids_go_through_the_page_cache_once_the_disk_is_behind_with_the_same_bytes(tmp_path, tok, monkeypatch):
     from moai import store
     from moai.stages.tokenize import idsfile

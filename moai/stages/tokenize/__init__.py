@@ -146,6 +146,7 @@ def tokenize(
     batch_size: int,
     engine: str = "auto",
     fast_split: tuple[int, int] | None = None,
+    fast_batch_size: int | None = None,
     progress: bool = True,
     on_progress: Callable[[float], None] | None = None,
     reference: Reference | None = None,
@@ -156,7 +157,9 @@ def tokenize(
 
     `num_proc` × `threads_per_proc` is the split for tiktoken and `tokenizers`; `fast_split`
     (processes, threads) the one for fastokens and gigatoken, which run their own thread pools
-    (default: the same). `reference` gives transformers' ids of the sample (default: loaded here);
+    (default: the same); `batch_size` documents a call at most, `fast_batch_size` with those two
+    (default: the same; either way a call takes at most ~BATCH_MAX_BYTES of text). `reference`
+    gives transformers' ids of the sample (default: loaded here);
     `prefetched` gives the sample and those ids, made while save wrote `text_dir` (`reference`), or None;
     `checked` is called once the check has every id it asks of them."""
 
@@ -169,6 +172,11 @@ def tokenize(
     )
     sizes = split_sizes(text_dir)  # read once: the parts, large documents, the text's size
     jobs = plan_parts(info, text_dir, out_dir, batch_size, sizes)
+    fast_jobs = [dataclasses.replace(j, batch_size=fast_batch_size or batch_size) for j in jobs]
+
+    def jobs_for(name: str) -> list[PartJob]:
+        return fast_jobs if name in FAST_ENGINES else jobs
+
     large = has_large_documents(text_dir, sizes)
     text_mb = sum(float(s.sum()) for s in sizes.values()) / 1e6
     classic = (max(1, min(num_proc, len(jobs))), threads_per_proc)
@@ -191,8 +199,7 @@ def tokenize(
             choice, sampled_ahead, check_seconds, started, results, again = _encode_beside_check(
                 info,
                 text_dir,
-                out_dir,
-                jobs,
+                jobs_for,
                 engine,
                 threads,
                 reference,
@@ -237,7 +244,7 @@ def tokenize(
                     setup_file.write_bytes(pickle.dumps((choice.setup, threads_per_proc, warm_up, spawned_at)))
                 started = time.perf_counter()
                 setup_path = None if pool is None else str(setup_file)
-                results = _encode_all(jobs, pool, setup_path, started, progress, on_progress)
+                results = _encode_all(jobs_for(choice.engine), pool, setup_path, started, progress, on_progress)
     encode_seconds = time.perf_counter() - started
     remember_ids_digests(out_dir, results)
     dtype = token_dtype(info.vocab_size)
@@ -296,10 +303,11 @@ def _speculation(info, engine: str, fast: tuple[int, int], prefetched, threads: 
 
 
 def _encode_beside_check(
-    info, text_dir, out_dir, jobs, engine, threads, reference, prefetched, checked, guess, progress, on_progress, large
+    info, text_dir, jobs_for, engine, threads, reference, prefetched, checked, guess, progress, on_progress, large
 ):
-    """Encode every part with the guessed engine while the check runs in a thread; keep the parts if
-    the check keeps that engine, else encode them all again with the one it chose. Returns the
+    """Encode every part (`jobs_for` an engine) with the guessed engine while the check runs in a
+    thread; keep the parts if the check keeps that engine, else encode them all again with the one
+    it chose. Returns the
     choice, whether its sample came ahead, the check's seconds, when the kept encoding started, the
     parts' results, and whether they were encoded twice."""
     setup, encoder = guess
@@ -318,14 +326,14 @@ def _encode_beside_check(
         checking = ex.submit(contextvars.copy_context().run, check)
         init_encoder(setup, None, None, encoder=encoder)
         started = time.perf_counter()
-        results = _encode_all(jobs, None, None, started, progress, on_progress)
+        results = _encode_all(jobs_for(setup.engine), None, None, started, progress, on_progress)
         choice, sampled_ahead, check_seconds = checking.result()  # its error: nothing is published
     again = choice.engine != setup.engine
     if again:
         log.info("the check kept %s, not %s: encoding every part again with it", choice.engine, setup.engine)
         init_encoder(choice.setup, None, choice.sample[:WARM_UP_DOCUMENTS], encoder=choice.encoder)
         started = time.perf_counter()
-        results = _encode_all(jobs, None, None, started, progress, on_progress)
+        results = _encode_all(jobs_for(choice.engine), None, None, started, progress, on_progress)
     return choice, sampled_ahead, check_seconds, started, results, again
 
 
@@ -465,6 +473,7 @@ def build(ctx, out: Path) -> dict[str, Any]:
         batch_size=p.batch_size.value,
         engine=ctx.config.tokenize.engine,
         fast_split=p.fast_engines.value,
+        fast_batch_size=p.fast_batch_size.value,
         progress=ctx.progress,
         on_progress=ctx.on_progress,
         reference=None if ref is None else ref.ids,
@@ -523,4 +532,5 @@ def run_unit(
         batch_size=p.batch_size.value,
         threads=p.threads_per_proc.value * p.num_proc.value,
         engine=config.tokenize.engine,
+        fast_batch_size=p.fast_batch_size.value,
     )

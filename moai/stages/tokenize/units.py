@@ -20,6 +20,7 @@ from typing import Any
 from moai.config import ConfigError
 from moai.errors import DataError
 from moai.stages.tokenize.engine import choose_encoder, clear_encoder, init_encoder
+from moai.stages.tokenize.engines import FAST as FAST_ENGINES
 from moai.stages.tokenize.parts import (
     SPLITS,
     PartJob,
@@ -55,8 +56,10 @@ def run_shard(
     batch_size: int,
     threads: int,
     engine: str = "auto",
+    fast_batch_size: int | None = None,
 ) -> dict[str, Any]:
-    """Encode and publish the parts of shard `shard_index` of `num_shards`; skip those already done."""
+    """Encode and publish the parts of shard `shard_index` of `num_shards`; skip those already done.
+    `batch_size`, `fast_batch_size`: documents a call at most (`tokenize`'s)."""
     if not 0 <= shard_index < num_shards:
         raise ConfigError(f"--shard-index {shard_index} must be in [0, {num_shards})")
     started = time.perf_counter()
@@ -72,6 +75,8 @@ def run_shard(
         choice = choose_encoder(info, text_dir, engine, threads)
         reason = choice.engine_reason
         init_encoder(choice.setup, encoder=choice.encoder)
+        if choice.engine in FAST_ENGINES and fast_batch_size is not None:
+            batch_size = fast_batch_size
         try:
             for job in todo:
 
@@ -88,7 +93,7 @@ def run_shard(
                                 str(out),
                                 job.dtype,
                                 job.eos_id,
-                                job.batch_size,
+                                batch_size,
                             )
                         ]
                     )[0]
