@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from moai import heap
 from moai.config import PipelineConfig
 from moai.hardware import Plan, data_plan
 from moai.pipeline.graph import (
@@ -60,6 +61,7 @@ def run_stage(
             on_progress,
             options or {},
         )
+        heap.trim()  # what the stages before freed: not resident under this one
         return s.build(ctx, out)
 
     pub = store.build(s.name, key, build, manifest={"upstream": ups, "settings": settings, "version": s.version})

@@ -430,7 +430,11 @@ def fastokens_tokenizer(pipeline_json: str) -> Any:
     """fastokens' tokenizer of a tokenizer.json text (no encoding: its pool is sized later)."""
     import fastokens
 
-    return fastokens.Tokenizer.from_json_str(pipeline_json)
+    from moai import heap
+
+    tok = fastokens.Tokenizer.from_json_str(pipeline_json)
+    heap.trim()  # the build's own memory, freed (~160 MB for a 128k vocabulary)
+    return tok
 
 
 def prebuild(
@@ -506,7 +510,10 @@ def build_file(entry: FileBuild, threads: int | None, stop: threading.Event | No
         size_fastokens_pool(threads)
         import fastokens
 
+        from moai import heap
+
         tok = fastokens.Tokenizer.from_file(entry.file)
+        heap.trim()  # the build's own memory, freed (~160 MB for a 128k vocabulary)
         entry.specials = int(tok.num_special_tokens_to_add(False))
         entry.tok = tok
     except Exception:  # a platform without fastokens, or a pipeline it does not run

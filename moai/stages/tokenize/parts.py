@@ -94,7 +94,11 @@ class PartJob:
 # back in order: with only as many queued as threads, a thread that finished the batches after a
 # long one sat idle until that one was done (a fifth of the wall time on 2 cores, 601 MB corpus).
 BATCHES_AHEAD = 6
-WRITES_AHEAD = 12  # pieces encoded and waiting for the writer thread (each ~BATCH_MAX_BYTES of ids)
+# Ids encoded and waiting for the writer thread, at most (bytes). When the disk stalls (the kernel
+# writing back other files' dirty pages) the queue fills, and the memory it took stays with the
+# process: counted in pieces, 12 of ~4 MB of ids, that was ~45 MB more peak RSS in a run that
+# stalled, which a quarter of the corpus did not (docs/performance.md, "Calls sized by the text").
+WRITES_AHEAD_BYTES = 16 << 20
 # Rows taken out of Arrow into Python strings at a time. That holds the GIL throughout, and an
 # encode thread coming back from fastokens waits for it: ~0.6 ms at a time instead of ~1.5 ms.
 READ_ROWS = 1024
@@ -259,7 +263,8 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         profile.add("write_cpu", time.thread_time() - cpu)
 
     # Writing runs in a thread of its own (file writes release the GIL): this thread goes on taking
-    # the next texts out of Arrow meanwhile. At most WRITES_AHEAD pieces wait for it (bounded memory).
+    # the next texts out of Arrow meanwhile. At most WRITES_AHEAD_BYTES of ids wait for it (bounded
+    # memory), and one piece however large.
     from concurrent.futures import ThreadPoolExecutor
 
     writes: collections.deque = collections.deque()
@@ -268,20 +273,24 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
             pipeline = _pipelined(
                 _timed(batches(), profile), encode, engines.CALLS_IN_FLIGHT, BATCHES_AHEAD, profile=profile
             )
+            queued = 0  # bytes of ids in `writes`
             for job, (flat, lengths) in (piece for group in pipeline for piece in group):
-                writes.append(writer.submit(write, job, flat, lengths))
-                while len(writes) > WRITES_AHEAD:
+                writes.append((writer.submit(write, job, flat, lengths), flat.nbytes))
+                queued += flat.nbytes
+                while queued > WRITES_AHEAD_BYTES and len(writes) > 1:
                     t0 = time.perf_counter()
-                    writes.popleft().result()
+                    done, nbytes = writes.popleft()
+                    done.result()
+                    queued -= nbytes
                     profile.add("write_wait", time.perf_counter() - t0)
                 if on_batch is not None:
                     on_batch(len(lengths), len(flat))
                 for t in tables.values():
                     t.release()  # text already read: keep resident memory flat over the corpus
             while writes:
-                writes.popleft().result()
+                writes.popleft()[0].result()
     finally:
-        for w in writes:
+        for w, _ in writes:
             w.cancel()
         try:
             _close(current[1], results)
