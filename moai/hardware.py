@@ -200,7 +200,7 @@ THREADS_PER_PROC_MANY_CORES = 4
 SMALL_MACHINE_CORES = 4
 # fastokens and gigatoken: documents a call at most, besides `parts.BATCH_MAX_BYTES` of text (~4 MB),
 # which bounds it first unless the documents are under ~40 bytes. Their calls are sized by the text:
-# at the plan's 1000 documents (1.6 MB of 1.6 KB records) the stage's parts took 1.05x the time.
+# at the plan's 1000 documents (1.6 MB of 1.6 KB records) the stage took ~1.05-1.09x the time.
 FAST_BATCH_DOCUMENTS = 100_000
 # Memory a tokenize worker holds beyond its batch (interpreter, tokenizer, Arrow maps).
 WORKER_BASE_GB = 0.4
@@ -256,7 +256,7 @@ def plan(hw: Hardware, config: PipelineConfig, env: dict[str, int] | None = None
         fast_batch = Decision(
             FAST_BATCH_DOCUMENTS,
             f"fastokens/gigatoken: ~4 MB of text per call, up to {FAST_BATCH_DOCUMENTS:,} documents (on 2 cores, "
-            "1000 a call took 1.05x the time of ~4 MB calls: docs/performance.md)",
+            "the stage took ~1.05-1.09x the time at 1000 a call: docs/performance.md)",
         )
 
     writer = _explicit("writer_batch_size", res.writer_batch_size, env)

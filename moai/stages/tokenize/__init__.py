@@ -307,9 +307,8 @@ def _encode_beside_check(
 ):
     """Encode every part (`jobs_for` an engine) with the guessed engine while the check runs in a
     thread; keep the parts if the check keeps that engine, else encode them all again with the one
-    it chose. Returns the
-    choice, whether its sample came ahead, the check's seconds, when the kept encoding started, the
-    parts' results, and whether they were encoded twice."""
+    it chose. Returns the choice, whether its sample came ahead, the check's seconds, when the kept
+    encoding started, the parts' results, and whether they were encoded twice."""
     setup, encoder = guess
 
     def check():

@@ -94,10 +94,9 @@ class PartJob:
 # back in order: with only as many queued as threads, a thread that finished the batches after a
 # long one sat idle until that one was done (a fifth of the wall time on 2 cores, 601 MB corpus).
 BATCHES_AHEAD = 6
-# Ids encoded and waiting for the writer thread, at most (bytes). When the disk stalls (the kernel
-# writing back other files' dirty pages) the queue fills, and the memory it took stays with the
-# process: counted in pieces, 12 of ~4 MB of ids, that was ~45 MB more peak RSS in a run that
-# stalled, which a quarter of the corpus did not (docs/performance.md, "Calls sized by the text").
+# Ids encoded and waiting for the writer thread, at most (bytes): a disk that stalls fills the queue.
+# Counted in pieces (12), it held ~19 MB of ids with calls of 1,000 documents and up to ~48 MB with
+# calls of ~4 MB of text (docs/performance.md, "Calls sized by the text").
 WRITES_AHEAD_BYTES = 16 << 20
 # Rows taken out of Arrow into Python strings at a time. That holds the GIL throughout, and an
 # encode thread coming back from fastokens waits for it: ~0.6 ms at a time instead of ~1.5 ms.
