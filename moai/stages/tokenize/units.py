@@ -11,6 +11,7 @@ are byte-identical to those of a single local run, whatever N and whatever order
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -23,7 +24,6 @@ from moai.stages.tokenize.engine import choose_encoder, clear_encoder, init_enco
 from moai.stages.tokenize.engines import FAST as FAST_ENGINES
 from moai.stages.tokenize.parts import (
     SPLITS,
-    PartJob,
     encode_parts,
     plan_parts,
     remember_ids_digests,
@@ -82,21 +82,7 @@ def run_shard(
 
                 def build(out: Path, job=job) -> dict[str, Any]:
                     (out / job.split).mkdir()
-                    r = encode_parts(
-                        [
-                            PartJob(
-                                job.text_dir,
-                                job.split,
-                                job.index,
-                                job.start,
-                                job.stop,
-                                str(out),
-                                job.dtype,
-                                job.eos_id,
-                                batch_size,
-                            )
-                        ]
-                    )[0]
+                    r = encode_parts([dataclasses.replace(job, out_dir=str(out), batch_size=batch_size)])[0]
                     remember_ids_digests(out, [r])
                     return {**r, "engine": choice.engine}
 
