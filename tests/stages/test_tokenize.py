@@ -145,6 +145,34 @@ def test_fastokens_calls_take_fast_batch_size_documents_with_the_same_bytes(tmp_
     assert stores[None] == stores[100_000]
 
 
+def test_a_disk_that_fills_stops_the_parts_with_its_own_error(tmp_path, small_disk, tok, monkeypatch):
+    """The first failed write's error is the one raised, with no other under it: the writes queued
+    after it are not tried and no part is closed twice (that ended the chain in EBADF)."""
+    import errno
+
+    monkeypatch.setattr(parts, "PART_MIN_BYTES", 20_000)  # several parts
+    monkeypatch.setattr(parts, "WRITES_AHEAD_BYTES", 1 << 30)  # every write queued: they were all tried
+    _, info = tok
+    saved = saved_text(tmp_path, [t for t in make_texts(24000, seed=5) if t.strip()])  # ~3 MB of text
+    with pytest.raises(OSError) as raised:
+        tk.tokenize(
+            info,
+            saved,
+            small_disk / "out",
+            num_proc=1,
+            threads_per_proc=1,
+            batch_size=40,
+            engine="fastokens",
+            progress=False,
+        )
+    chain, err = [], raised.value
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    assert raised.value.errno == errno.ENOSPC
+    assert [e for e in chain if isinstance(e, OSError)] == [raised.value], chain
+
+
 def test_ids_go_through_the_page_cache_once_the_disk_is_behind_with_the_same_bytes(tmp_path, tok, monkeypatch):
     from moai import store
     from moai.stages.tokenize import idsfile

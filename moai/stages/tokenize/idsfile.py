@@ -150,11 +150,18 @@ class IdsFile:
                     self._buffered()  # the tail is not a whole block
                 self._flush(self.fill)
         finally:
-            os.close(self.fd)
+            fd, self.fd = self.fd, -1
+            os.close(fd)
         digests = {"xxh3_128": self.hash.hexdigest()}
         if self.size > store.SMALL_FILE_BYTES:
             digests[store.SAMPLED] = store.sampled_digest(self.path, self.size)
         return digests
+
+    def abandon(self) -> None:
+        """Close without writing what is left (a write failed: the file is not published)."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 def new_buffer() -> mmap.mmap:

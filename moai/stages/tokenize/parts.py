@@ -19,6 +19,7 @@ the parts (see `moai.formats.tokens` for the layout).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import json
 import logging
@@ -27,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -234,7 +235,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         """In the writer thread, in order: a piece's ids and document ends into its part's files."""
         t0, cpu = time.perf_counter(), time.thread_time()
         if job is not current[0] or current[1] is None:
-            _close(current[1], results)
+            _close(current, results)
             current[0] = job
             stem = Path(job.out_dir) / job.split / f"part-{job.index:05d}"
             # open across the part's batches: closed when the next part starts, or at the end
@@ -261,6 +262,19 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         profile.add("write", time.perf_counter() - t0)
         profile.add("write_cpu", time.thread_time() - cpu)
 
+    failed = threading.Event()
+
+    def write_unless_failed(job: PartJob, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """`write`, unless one before failed: its error is the one raised, once (a full disk: the
+        writes queued after it are not tried, and the part is not closed twice)."""
+        if failed.is_set():
+            return
+        try:
+            write(job, flat, lengths)
+        except BaseException:
+            failed.set()
+            raise
+
     # Writing runs in a thread of its own (file writes release the GIL): this thread goes on taking
     # the next texts out of Arrow meanwhile. At most WRITES_AHEAD_BYTES of ids wait for it (bounded
     # memory), and one piece however large.
@@ -269,30 +283,35 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     writes: collections.deque = collections.deque()
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="moai-write") as writer:
-            pipeline = _pipelined(
-                _timed(batches(), profile), encode, engines.CALLS_IN_FLIGHT, BATCHES_AHEAD, profile=profile
-            )
-            queued = 0  # bytes of ids in `writes`
-            for job, (flat, lengths) in (piece for group in pipeline for piece in group):
-                writes.append((writer.submit(write, job, flat, lengths), flat.nbytes))
-                queued += flat.nbytes
-                while queued > WRITES_AHEAD_BYTES and len(writes) > 1:
-                    t0 = time.perf_counter()
-                    done, nbytes = writes.popleft()
-                    done.result()
-                    queued -= nbytes
-                    profile.add("write_wait", time.perf_counter() - t0)
-                if on_batch is not None:
-                    on_batch(len(lengths), len(flat))
-                for t in tables.values():
-                    t.release()  # text already read: keep resident memory flat over the corpus
-            while writes:
-                writes.popleft()[0].result()
+            try:
+                pipeline = _pipelined(
+                    _timed(batches(), profile), encode, engines.CALLS_IN_FLIGHT, BATCHES_AHEAD, profile=profile
+                )
+                queued = 0  # bytes of ids in `writes`
+                for job, (flat, lengths) in (piece for group in pipeline for piece in group):
+                    writes.append((writer.submit(write_unless_failed, job, flat, lengths), flat.nbytes))
+                    queued += flat.nbytes
+                    while queued > WRITES_AHEAD_BYTES and len(writes) > 1:
+                        t0 = time.perf_counter()
+                        done, nbytes = writes.popleft()
+                        done.result()
+                        queued -= nbytes
+                        profile.add("write_wait", time.perf_counter() - t0)
+                    if on_batch is not None:
+                        on_batch(len(lengths), len(flat))
+                    for t in tables.values():
+                        t.release()  # text already read: keep resident memory flat over the corpus
+                while writes:
+                    writes.popleft()[0].result()
+            except BaseException:
+                failed.set()  # the writes still queued do nothing
+                raise
     finally:
-        for w, _ in writes:
-            w.cancel()
         try:
-            _close(current[1], results)
+            if failed.is_set():
+                _abandon(current)
+            else:
+                _close(current, results)
         finally:
             idsfile.give_back(buffer)
     for r in results:  # giant documents are counted per process; the first result carries the count
@@ -328,14 +347,29 @@ def _timed(items, profile: Profile):
         yield item
 
 
-def _close(files: tuple[idsfile.IdsFile, BinaryIO] | None, results: list[dict[str, Any]]) -> None:
-    """Close a part's files; its result keeps the ids file's digests (`bin_digests`), for the store."""
+def _close(current: list[Any], results: list[dict[str, Any]]) -> None:
+    """Close the part's files (`current[1]`, then None: closed once, whatever happens); its result
+    keeps the ids file's digests (`bin_digests`), for the store."""
+    files, current[1] = current[1], None
     if files is None:
         return
     try:
         results[-1]["bin_digests"] = files[0].close()
-    finally:
-        files[1].close()
+    except BaseException:
+        with contextlib.suppress(OSError):  # the same full disk: the ids file's error is the one
+            files[1].close()
+        raise
+    files[1].close()
+
+
+def _abandon(current: list[Any]) -> None:
+    """Close the part's files after a failed write, nothing more written: the error on its way out
+    is the first one, and the stage publishes nothing."""
+    files, current[1] = current[1], None
+    if files is not None:
+        files[0].abandon()
+        with contextlib.suppress(OSError):  # its buffer's flush hits the same full disk
+            files[1].close()
 
 
 def remember_ids_digests(out_dir: Path, results: list[dict[str, Any]]) -> None:
