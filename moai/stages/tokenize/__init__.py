@@ -69,6 +69,7 @@ from moai.stages.tokenize.parts import (
     PART_MIN_BYTES,
     SPLITS,
     PartJob,
+    documents_a_call,
     encode_documents,
     encode_large,
     encode_part,
@@ -172,10 +173,10 @@ def tokenize(
     )
     sizes = split_sizes(text_dir)  # read once: the parts, large documents, the text's size
     jobs = plan_parts(info, text_dir, out_dir, batch_size, sizes)
-    fast_jobs = [dataclasses.replace(j, batch_size=fast_batch_size or batch_size) for j in jobs]
 
     def jobs_for(name: str) -> list[PartJob]:
-        return fast_jobs if name in FAST_ENGINES else jobs
+        size = documents_a_call(name, batch_size, fast_batch_size)
+        return jobs if size == batch_size else [dataclasses.replace(j, batch_size=size) for j in jobs]
 
     large = has_large_documents(text_dir, sizes)
     text_mb = sum(float(s.sum()) for s in sizes.values()) / 1e6

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from moai import heap
 from moai.stages.tokenize.tiktoken import NotExpressible
 
 if TYPE_CHECKING:
@@ -430,8 +431,6 @@ def fastokens_tokenizer(pipeline_json: str) -> Any:
     """fastokens' tokenizer of a tokenizer.json text (no encoding: its pool is sized later)."""
     import fastokens
 
-    from moai import heap
-
     tok = fastokens.Tokenizer.from_json_str(pipeline_json)
     heap.trim()  # the build's own memory, freed (~160 MB for a 128k vocabulary)
     return tok
@@ -509,8 +508,6 @@ def build_file(entry: FileBuild, threads: int | None, stop: threading.Event | No
             return None
         size_fastokens_pool(threads)
         import fastokens
-
-        from moai import heap
 
         tok = fastokens.Tokenizer.from_file(entry.file)
         heap.trim()  # the build's own memory, freed (~160 MB for a 128k vocabulary)

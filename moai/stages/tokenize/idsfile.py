@@ -150,8 +150,7 @@ class IdsFile:
                     self._buffered()  # the tail is not a whole block
                 self._flush(self.fill)
         finally:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
+            self.abandon()  # closed, whatever the flush did
         digests = {"xxh3_128": self.hash.hexdigest()}
         if self.size > store.SMALL_FILE_BYTES:
             digests[store.SAMPLED] = store.sampled_digest(self.path, self.size)

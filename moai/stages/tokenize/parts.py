@@ -74,6 +74,12 @@ def part_ranges(text_bytes: np.ndarray) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
+def documents_a_call(engine: str, batch_size: int, fast_batch_size: int | None) -> int:
+    """Documents a call at most with `engine`: fastokens and gigatoken take `fast_batch_size` (the
+    plan's, sized by the text) where given, the other engines `batch_size`."""
+    return fast_batch_size or batch_size if engine in engines.FAST else batch_size
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 

@@ -21,9 +21,9 @@ from typing import Any
 from moai.config import ConfigError
 from moai.errors import DataError
 from moai.stages.tokenize.engine import choose_encoder, clear_encoder, init_encoder
-from moai.stages.tokenize.engines import FAST as FAST_ENGINES
 from moai.stages.tokenize.parts import (
     SPLITS,
+    documents_a_call,
     encode_parts,
     plan_parts,
     remember_ids_digests,
@@ -75,8 +75,7 @@ def run_shard(
         choice = choose_encoder(info, text_dir, engine, threads)
         reason = choice.engine_reason
         init_encoder(choice.setup, encoder=choice.encoder)
-        if choice.engine in FAST_ENGINES and fast_batch_size is not None:
-            batch_size = fast_batch_size
+        batch_size = documents_a_call(choice.engine, batch_size, fast_batch_size)
         try:
             for job in todo:
 
