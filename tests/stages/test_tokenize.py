@@ -488,6 +488,65 @@ def test_a_document_the_eos_step_left_without_eos_is_an_error_not_a_store(tok, m
         enc.encode_documents(["hello world"], info.eos_id)
 
 
+def test_pipelined_helpers_are_renewed_after_their_share_in_order_and_the_old_threads_gone_first():
+    """`_pipelined` with `renew_after`: the results come in order, every item once; new helper
+    threads take over after each share, started only once the old ones have ended (their OS
+    threads gone), so that what an engine keeps per thread is freed and reused."""
+    import threading
+
+    live_at_submit: list[set[int]] = []
+
+    def weigh(_):  # called as each item is handed to the helpers
+        live_at_submit.append({int(t) for t in os.listdir("/proc/self/task")})
+        return 1
+
+    def call(item):
+        return item, threading.get_native_id()
+
+    out = list(parts._pipelined(range(12), call, threads=2, ahead=4, weigh=weigh, renew_after=3))
+    assert [item for item, _ in out] == list(range(12))
+    helpers = [{tid for _, tid in out[i : i + 3]} for i in range(0, 12, 3)]
+    for k, (before, after) in enumerate(itertools.pairwise(helpers)):
+        assert not before & after  # new threads each share
+        assert not before & live_at_submit[3 * (k + 1)]  # the old threads had ended before
+    kept = list(parts._pipelined(range(12), call, threads=2, ahead=4))
+    assert len({tid for _, tid in kept}) <= 2
+
+
+def test_renewed_encode_threads_write_the_same_bytes(tmp_path, tok, monkeypatch):
+    """fastokens with a pool of one (a call runs on the calling thread, which keeps its word cache):
+    the parts renew their encode threads every RENEW_THREADS_BYTES of text, and the store's bytes
+    are those of threads kept throughout."""
+    import threading
+
+    _, info = tok
+    monkeypatch.setenv("FASTOKENS_BPE_THREADS", "1")
+    texts = [t for t in make_texts(900, seed=5) if t.strip()]
+    saved = saved_text(tmp_path, texts)
+    threads: set[int] = set()
+    real = parts.encode_documents
+
+    def recorded(batch, *args):
+        threads.add(threading.get_native_id())
+        return real(batch, *args)
+
+    monkeypatch.setattr(parts, "encode_documents", recorded)
+    stores, used = {}, {}
+    for renew in (1 << 40, 2_000):
+        monkeypatch.setattr(parts, "RENEW_THREADS_BYTES", renew)
+        out = tmp_path / f"out-{renew}"
+        out.mkdir()
+        threads.clear()
+        r = tk.tokenize(
+            info, saved, out, num_proc=1, threads_per_proc=2, batch_size=20, engine="fastokens", progress=False
+        )
+        assert r["engine"] == "fastokens"
+        used[renew] = len(threads)
+        stores[renew] = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert used[1 << 40] <= engines.CALLS_IN_FLIGHT < used[2_000]
+    assert stores[1 << 40] == stores[2_000]
+
+
 def test_fastokens_pool_is_one_thread_a_call_up_to_two_cores_and_a_users_setting_stays(monkeypatch):
     monkeypatch.delenv("FASTOKENS_BPE_THREADS", raising=False)
     engines.size_fastokens_pool(16)

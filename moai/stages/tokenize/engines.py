@@ -188,6 +188,15 @@ class FastokensEncoder(_FromFlat):
 
     name = "fastokens"
 
+    @property
+    def caches_per_thread(self) -> bool:
+        """Does each thread that calls it keep a cache of its own? With a pool of one thread
+        (`size_fastokens_pool`) a call runs on the calling thread, which keeps fastokens' word cache
+        until it ends: the parts renew their threads (`parts.RENEW_THREADS_BYTES`)."""
+        import os
+
+        return os.environ.get("FASTOKENS_BPE_THREADS") == "1"
+
     def __init__(self, setup: EncoderSetup, tok: Any = None):
         """`tok`: fastokens' tokenizer of `setup.backend_json`, already built (`prebuild`)."""
         self.tok = tok if tok is not None else fastokens_tokenizer(setup.backend_json)

@@ -24,8 +24,10 @@ import itertools
 import json
 import logging
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,13 @@ WRITES_AHEAD_BYTES = 16 << 20
 # Rows taken out of Arrow into Python strings at a time. That holds the GIL throughout, and an
 # encode thread coming back from fastokens waits for it: ~0.6 ms at a time instead of ~1.5 ms.
 READ_ROWS = 1024
+# Text given to one set of encode threads before new ones take over (`_pipelined`), where the
+# engine keeps a cache in each thread that calls it (`caches_per_thread`: fastokens with a pool of
+# one, on 2 cores). Nothing empties fastokens' word cache but the thread's end: with the same two
+# threads throughout, the parts' memory grew with the corpus (551 MB of text: +172-206 MB, its
+# first quarter +111-148); renewed every 128 MiB, +111-135 against +103-133, for ~2% more time
+# (docs/performance.md, "Peak memory over the corpus").
+RENEW_THREADS_BYTES = 128 << 20
 
 
 class Profile:
@@ -169,7 +178,8 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
     def batches():
         """Lists of (job, texts) pieces across part edges, of at most batch_size documents and
         about BATCH_MAX_BYTES of text together: memory per batch is bounded for any document size.
-        A document over LARGE_DOCUMENT_BYTES is a group of its own: (job, its mapped bytes)."""
+        A document over LARGE_DOCUMENT_BYTES is a group of its own: (job, its mapped bytes). Each
+        comes with its bytes of text."""
         group: list[tuple[PartJob, Any]]
         group, docs, size = [], 0, 0
         for job in jobs:
@@ -184,9 +194,10 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
             while lo < len(cum):
                 if lo == large[0]:
                     if group:
-                        yield group
+                        yield group, size
                         group, docs, size = [], 0, 0
-                    yield [(job, row_bytes(table.column(0), job.start + lo))]
+                    data = row_bytes(table.column(0), job.start + lo)
+                    yield [(job, data)], len(data)
                     large.pop(0)
                     lo += 1
                     continue
@@ -204,13 +215,14 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
                 docs, size = docs + (hi - lo), size + int(cum[hi - 1]) - before
                 lo = hi
                 if docs >= job.batch_size or size >= BATCH_MAX_BYTES:
-                    yield group
+                    yield group, size
                     group, docs, size = [], 0, 0
         if group:
-            yield group
+            yield group, size
 
-    def encode(group):
+    def encode(batch):
         """Encode a group in one call, then cut the ids back into its pieces."""
+        group, _ = batch
         if isinstance(group[0][1], memoryview):
             job, data = group[0]
             return [(job, encode_large(data, job.eos_id, np.dtype(job.dtype)))]
@@ -291,7 +303,13 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         with ThreadPoolExecutor(1, thread_name_prefix="moai-write") as writer:
             try:
                 pipeline = _pipelined(
-                    _timed(batches(), profile), encode, engines.CALLS_IN_FLIGHT, BATCHES_AHEAD, profile=profile
+                    _timed(batches(), profile),
+                    encode,
+                    engines.CALLS_IN_FLIGHT,
+                    BATCHES_AHEAD,
+                    profile=profile,
+                    weigh=lambda batch: batch[1],
+                    renew_after=RENEW_THREADS_BYTES if getattr(state["encoder"], "caches_per_thread", False) else 0,
                 )
                 queued = 0  # bytes of ids in `writes`
                 for job, (flat, lengths) in (piece for group in pipeline for piece in group):
@@ -415,12 +433,25 @@ def encode_part(job: PartJob) -> dict[str, int]:
     return encode_parts([job])[0]
 
 
-def _pipelined(items, fn, threads: int = 2, ahead: int = 2, profile: Profile | None = None):
+def _pipelined(
+    items,
+    fn,
+    threads: int = 2,
+    ahead: int = 2,
+    profile: Profile | None = None,
+    weigh: Callable[[Any], int] | None = None,
+    renew_after: int = 0,
+):
     """Yield fn(item) for each item in order, computed by `threads` helper threads, with up to
     `ahead` items taken and queued for them (at least `threads`).
 
     The encoders release the GIL, so two batches in flight keep every core busy through the tail
     of each batch (the longest documents) while this thread converts and writes.
+
+    With `weigh` and `renew_after`, new helper threads take over once the items given to the
+    current ones weigh `renew_after` (RENEW_THREADS_BYTES): the items in flight are finished
+    first, and the old threads have ended (`_ended`) before the new ones start, so that what an
+    engine kept per thread is freed and its memory reused by the new threads.
     """
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
@@ -432,14 +463,47 @@ def _pipelined(items, fn, threads: int = 2, ahead: int = 2, profile: Profile | N
             profile.add("wait", time.perf_counter() - t0)
         return out
 
-    with ThreadPoolExecutor(threads) as ex:
-        pending: deque = deque()
+    started: list[int] = []  # the current helpers' OS thread ids
+
+    def helpers() -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(
+            threads, thread_name_prefix="moai-encode", initializer=lambda: started.append(threading.get_native_id())
+        )
+
+    ex = helpers()
+    pending: deque = deque()
+    given = 0  # weight given to the current helpers
+    try:
         for item in items:
+            if renew_after and given >= renew_after:
+                while pending:
+                    yield result(pending.popleft())
+                ex.shutdown(wait=True)
+                _ended(started)
+                started.clear()
+                ex, given = helpers(), 0
             pending.append(ex.submit(fn, item))
+            given += weigh(item) if weigh is not None else 0
             if len(pending) > max(ahead, threads):
                 yield result(pending.popleft())
         while pending:
             yield result(pending.popleft())
+    finally:
+        ex.shutdown(wait=True)
+
+
+def _ended(thread_ids: list[int], timeout: float = 0.1) -> None:
+    """Wait (at most `timeout` seconds each) until these OS threads of this process are gone.
+    Python's join returns before a thread has run its native thread-local destructors (fastokens'
+    caches) and before glibc has put its heap on the list that new threads take theirs from: new
+    threads started sooner got heaps of their own, and the memory freed in the old ones stayed
+    resident (measured: the stage's growth over the corpus was not cut without this wait)."""
+    if not sys.platform.startswith("linux"):
+        return
+    for tid in thread_ids:
+        deadline = time.perf_counter() + timeout
+        while os.path.exists(f"/proc/self/task/{tid}") and time.perf_counter() < deadline:
+            time.sleep(0.0002)
 
 
 def split_sizes(text_dir: Path) -> dict[str, np.ndarray]:
