@@ -144,7 +144,8 @@ def test_a_source_in_sources_has_the_keys_it_has_alone(tmp_path, tokenizer_dir):
 def test_single_source_keys_are_unchanged(tmp_path):
     """A single `source:` keys every stage as moai did before `sources:` existed, so caches are reused
     (these keys were computed by the code before it; the corpus is the `corpus` fixture's bytes). They
-    last changed with the origin column (convert 3, filter 2, save 2, tokenize 3): rebuilt once."""
+    changed with the origin column (convert 3, filter 2, save 2, tokenize 3) and last with convert's
+    record batches sized by the text too (convert 4): rebuilt once each time."""
     from moai.pipeline import StageResult, key_of, walk
 
     corpus = write_jsonl(
@@ -153,12 +154,12 @@ def test_single_source_keys_are_unchanged(tmp_path):
     cfg = parse_config(config_dict(tmp_path, corpus, {"train": {"vocab_size": 400}}))
     keys = {n: r.key for n, r in walk(cfg, lambda n, i: StageResult(n, key_of(cfg, n, i), "", {}, False)).items()}
     assert keys == {
-        "convert": "74cd1b5f1741aeef1c8b",
-        "filter": "1b68c673c02749d14a17",
-        "save": "9e3b8f88b86f1d718626",
-        "tokenizer": "b22e52e44c4fe71d67e7",
-        "tokenize": "51ec9a6521987db8bce8",
-        "pack": "bab0c90dd07f4706ad89",
+        "convert": "1ab9d53c60b87d6c8c1c",
+        "filter": "dffa9c22ba1c9cddc74d",
+        "save": "e59a0ebb7cc5a30f62c0",
+        "tokenizer": "21342bcfe6f53463c3c3",
+        "tokenize": "879c2d6ed167d1ad0a72",
+        "pack": "e8dbf343c92da646e946",
     }
 
 

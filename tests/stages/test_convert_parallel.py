@@ -79,6 +79,33 @@ def test_same_dataset_bytes_across_files_pieces_and_batches(tiny_pieces, tmp_pat
     assert where == ["{file}:{row}", "{file}:{row}", "{file}:row {row}", "{file}:{row}"]
 
 
+def test_record_batches_end_at_their_rows_or_characters_the_same_both_ways(tiny_pieces, tmp_path, caplog, monkeypatch):
+    """A record batch ends at writer_batch_size rows (7 here) or once its texts hold
+    RECORD_BATCH_CHARS characters, whichever comes first, across pieces and files; one thread and
+    three workers write the same bytes."""
+    import pyarrow as pa
+
+    from moai.stages import convert as convert_module
+
+    monkeypatch.setattr(convert_module, "RECORD_BATCH_CHARS", 200)
+    d = tmp_path / "data"
+    write_jsonl(d / "a.jsonl", rows(70))
+    write_jsonl(d / "b.jsonl", [{"q": "long", "a": "y" * 400}, *rows(30, 70)])  # a row over the limit
+    files, report, _ = same_both_ways(src(f"{d}/*", text_template=TEMPLATE), tmp_path, caplog)
+    assert report["rows_out"] == 101
+    texts = []
+    for name in sorted(n for n in files if n.startswith("data-")):
+        with pa.ipc.open_stream(files[name]) as reader:
+            for batch in reader:
+                texts.append(batch.column(0).to_pylist())
+    assert sum(map(len, texts)) == 101
+    for batch in texts[:-1]:  # every batch but the last ends at the first row that reaches a limit
+        total = [sum(len(t) for t in batch[: i + 1]) for i in range(len(batch))]
+        assert len(batch) == 7 or (total[-1] >= 200 and all(c < 200 for c in total[:-1]))
+    assert any(len(b) < 7 for b in texts[:-1]) and any(len(b) == 7 for b in texts)  # both limits cut
+    assert any(b[-1].startswith("long") for b in texts)  # the row over the limit ends its batch
+
+
 def test_bad_rows_skipped_are_counted_and_logged_as_by_one_thread(tiny_pieces, tmp_path, caplog):
     lines = []
     for i in range(90):

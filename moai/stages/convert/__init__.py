@@ -50,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from moai.config import PipelineConfig, SourceConfig, template_fields
@@ -86,9 +87,16 @@ log = logging.getLogger(__name__)
 _ROW_NUMBER = re.compile(r"(\d+)\]?$")  # the row's number at the end of a reader's `where`
 
 NAME = "convert"
+# A record batch of the text ends at writer_batch_size rows (the plan's 10,000) or at this many
+# characters of text, whichever comes first. At 10,000 rows alone, 1.6 KB records made 16 MB
+# batches, and moving batches that size cost time and memory in convert and filter: cold `moai
+# prepare` of 593 MB of JSON lines on 2 cores, convert 4.3-5.1 s and filter 1.5-1.7 s, now 3.3-3.8
+# s and 0.5-0.6 s (save 0.3 s, now 0.4-0.6), the run's peak RSS 522 MB, now 466; 1.5M rows of
+# ~60 bytes are still cut at 10,000 rows (docs/performance.md, "Record batches sized by the text").
+RECORD_BATCH_CHARS = 1 << 20
 # 2: a value that is not text is a bad row, no longer its repr; .txt lines end at \n or \r\n only
 # 3: an `origin` column (file index, row) beside the text, and origins.json naming the files
-VERSION = 3
+VERSION = 4  # 4: record batches end at RECORD_BATCH_CHARS characters too (the same rows, other bytes)
 READS = ("source",)  # the root: `source_fingerprint` of the files (or the hub dataset)
 
 
@@ -337,37 +345,45 @@ def convert(
         for where, row in file_rows(path, source, rows, read, ahead.stream(i)):
             yield i, where, row
 
-    def parsed_here(located: Iterator[tuple[int, str, dict[str, Any]]]) -> Iterator[pa.RecordBatch]:
-        """Batches of the rows' texts, parsed in this thread."""
+    def parsed_here(
+        located: Iterator[tuple[int, str, dict[str, Any]]],
+    ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+        """Batches of the rows' texts, parsed in this thread, cut as `Rebatcher` cuts them, with
+        each row's length in characters."""
         texts: list[str] = []
         origins: list[int] = []
+        chars: list[int] = []
+        total = 0
         for text, origin in kept_texts(located, source, rows, files, wheres):
             texts.append(text)
             origins.append(origin)
-            if len(texts) == writer_batch_size:
-                yield text_batch(texts, origins)
-                texts, origins = [], []
+            chars.append(len(text))
+            total += chars[-1]
+            if len(texts) == writer_batch_size or total >= RECORD_BATCH_CHARS:
+                yield text_batch(texts, origins), np.array(chars, dtype=np.int64)
+                texts, origins, chars, total = [], [], [], 0
         if texts:
-            yield text_batch(texts, origins)
+            yield text_batch(texts, origins), np.array(chars, dtype=np.int64)
 
-    def parsed_by_workers(i: int, path: SourceFile) -> Iterator[pa.RecordBatch]:
+    def parsed_by_workers(i: int, path: SourceFile) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
         """Batches of a JSON-lines file's texts, its pieces parsed by the workers (`parallel`)."""
         pieces = in_pieces(path, read, parallel.PIECE_BYTES, ahead.stream(i))
         for piece in pool.parsed(pieces, files[i], i, source):
             parallel.take(piece, rows)
             if wheres[i] is None:
                 wheres[i] = piece.where
-            yield piece.batch
+            yield piece.batch, piece.chars
 
     def batches() -> Iterator[pa.RecordBatch]:
-        # batches of writer_batch_size rows across files, however each file's rows were parsed
-        cut = parallel.Rebatcher(writer_batch_size)
+        # batches of writer_batch_size rows or RECORD_BATCH_CHARS across files, however each file's
+        # rows were parsed
+        cut = parallel.Rebatcher(writer_batch_size, RECORD_BATCH_CHARS)
         if source.hub is not None:
-            for batch in parsed_here((0, *item) for item in hub_rows(source, rows, writer_batch_size)):
-                yield from cut.add(batch)
+            for batch, chars in parsed_here((0, *item) for item in hub_rows(source, rows, writer_batch_size)):
+                yield from cut.add(batch, chars)
         for i, path in enumerate(paths):
-            for batch in parsed_by_workers(i, path) if in_parallel(path) else parsed_here(located(i, path)):
-                yield from cut.add(batch)
+            for batch, chars in parsed_by_workers(i, path) if in_parallel(path) else parsed_here(located(i, path)):
+                yield from cut.add(batch, chars)
         if source.hub is None:  # the `datasets` fingerprint of a hub dataset is its own affair
             check_read(source, source_fp, read)
         yield from cut.flush()
