@@ -13,7 +13,10 @@ checkouts run in turn, the order rotated every round, so drift on a shared machi
 alike. Per checkout: median and least of the wall seconds, the process's user and system CPU
 seconds, the encode calls' wall seconds (`encode`, both threads' calls summed: beyond `encode_cpu`,
 the calls waited for a core or for the GIL), the profile's CPU seconds by thread (`encode_cpu`:
-the encode threads, `read_cpu`: texts into `str`s, `write_cpu`: the writer), and minor page faults.
+the encode threads, `read_cpu`: texts into `str`s, `write_cpu`: the writer), minor page faults,
+and how far the process' anonymous RSS rose over the parts (`grew_mb`). With `--fraction 0.25`,
+only the first quarter of the parts: the memory the parts hold for a quarter of the corpus
+against all of it.
 
 The same code twice (an A/A: `/tmp/base` a copy of this checkout's `moai/`), eight rounds on this
 2-core VM (2026-11-28 05:42 UTC): medians 1.83 and 1.90 s, least 1.55 and 1.70 s. A difference of
@@ -39,30 +42,56 @@ import tempfile
 import time
 from pathlib import Path
 
-KEYS = ("wall", "user", "sys", "encode", "encode_cpu", "read_cpu", "write_cpu", "minflt")
+KEYS = ("wall", "user", "sys", "encode", "encode_cpu", "read_cpu", "write_cpu", "minflt", "grew_mb")
 
 
-def run_once(saved: Path, tokenizer: Path, out: Path) -> dict:
-    """In this process (a fresh one, moai from PYTHONPATH): the parts, timed."""
+def anon_mb() -> float:
+    """This process' anonymous resident memory (Linux), MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_once(saved: Path, tokenizer: Path, out: Path, fraction: float = 1.0) -> dict:
+    """In this process (a fresh one, moai from PYTHONPATH): the parts, timed; `grew_mb`, how far
+    the process' anonymous RSS rose above where it was before them (sampled every 20 ms)."""
+    import threading
+
+    from moai import heap
     from moai.stages.tokenize import engine, parts
     from moai.stages.tokenizer import describe, load_tokenizer
 
     info = describe(load_tokenizer(str(tokenizer)), str(tokenizer), "benchmark")
     engine.init_encoder(engine.engine_setup("fastokens", info, os.cpu_count() or 1), None, ["warm-up"] * 64)
     jobs = parts.plan_parts(info, saved, out, 10_000)
+    jobs = jobs[: max(1, round(len(jobs) * fraction))]
     for split in parts.SPLITS:
         (out / split).mkdir(parents=True, exist_ok=True)
+    heap.trim()
+    start_mb, peak_mb, done = anon_mb(), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak_mb[0] = max(peak_mb[0], anon_mb())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     results = parts.encode_parts(jobs)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
+    done.set()
+    sampler.join()
     profile = results[0]["profile"]
     return {
         "wall": wall,
         "user": after.ru_utime - before.ru_utime,
         "sys": after.ru_stime - before.ru_stime,
         "minflt": after.ru_minflt - before.ru_minflt,
+        "grew_mb": max(peak_mb[0], anon_mb()) - start_mb,
         **{k: profile[k] for k in ("encode", "encode_cpu", "read_cpu", "write_cpu")},
     }
 
@@ -73,11 +102,12 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--checkouts", nargs="+", default=["."], help="folders holding a moai/ package")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--fraction", type=float, default=1.0, help="the first share of the parts only (e.g. 0.25)")
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)  # the child: its output folder
     args = parser.parse_args()
     if args.run is not None:
         try:
-            print(json.dumps(run_once(args.saved.resolve(), args.tokenizer.resolve(), args.run)))
+            print(json.dumps(run_once(args.saved.resolve(), args.tokenizer.resolve(), args.run, args.fraction)))
         finally:
             shutil.rmtree(args.run, ignore_errors=True)
         return
@@ -94,6 +124,7 @@ def main() -> None:
             for c in order:
                 argv = [sys.executable, __file__, "--saved", str(args.saved.resolve()), "--tokenizer"]
                 argv += [str(args.tokenizer.resolve()), "--run", str(Path(work) / "out")]
+                argv += ["--fraction", str(args.fraction)]
                 # the checkout's moai first on the path; run from the work folder, not this one
                 env = {**os.environ, "PYTHONPATH": c}
                 done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work)
@@ -107,7 +138,7 @@ def main() -> None:
         cells = []
         for k in KEYS:
             values = [r[k] for r in rs]
-            fmt = "{:,.0f}" if k == "minflt" else "{:.3f}"
+            fmt = "{:,.0f}" if k in ("minflt", "grew_mb") else "{:.3f}"
             cells.append(f"{fmt.format(statistics.median(values))}, {fmt.format(min(values))}")
         print(f"| {c} | {len(rs)} | " + " | ".join(cells) + " |")
 
