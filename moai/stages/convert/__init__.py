@@ -92,7 +92,7 @@ NAME = "convert"
 # batches, and moving batches that size cost time and memory in convert and filter: cold `moai
 # prepare` of 593 MB of JSON lines on 2 cores, convert 4.3-5.1 s and filter 1.5-1.7 s, now 3.3-3.8
 # s and 0.5-0.6 s (save 0.3 s, now 0.4-0.6), the run's peak RSS 522 MB, now 466; 1.5M rows of
-# ~60 bytes are still cut at 10,000 rows (docs/performance.md, "Record batches sized by the text").
+# ~60 bytes are still cut at 10,000 rows (docs/performance.md, "Peak memory over the corpus").
 RECORD_BATCH_CHARS = 1 << 20
 # 2: a value that is not text is a bad row, no longer its repr; .txt lines end at \n or \r\n only
 # 3: an `origin` column (file index, row) beside the text, and origins.json naming the files

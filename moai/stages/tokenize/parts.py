@@ -113,9 +113,10 @@ READ_ROWS = 1024
 # Text given to one set of encode threads before new ones take over (`_pipelined`), where the
 # engine keeps a cache in each thread that calls it (`caches_per_thread`: fastokens with a pool of
 # one, on 2 cores). Nothing empties fastokens' word cache but the thread's end: with the same two
-# threads throughout, the parts' memory grew with the corpus (551 MB of text: +172-206 MB, its
-# first quarter +111-148); renewed every 128 MiB, +111-135 against +103-133, for ~2% more time
-# (docs/performance.md, "Peak memory over the corpus").
+# threads throughout, the parts' memory grew with the corpus (`benchmarks/stage_parts.py`, 551 MB
+# of text: +170-186 MB, its first quarter +104-112); renewed every 128 MiB, +119-120 against
+# +107-112, the wall time within the rounds' spread (docs/performance.md, "Peak memory over the
+# corpus").
 RENEW_THREADS_BYTES = 128 << 20
 
 
@@ -495,9 +496,10 @@ def _pipelined(
 def _ended(thread_ids: list[int], timeout: float = 0.1) -> None:
     """Wait (at most `timeout` seconds each) until these OS threads of this process are gone.
     Python's join returns before a thread has run its native thread-local destructors (fastokens'
-    caches) and before glibc has put its heap on the list that new threads take theirs from: new
-    threads started sooner got heaps of their own, and the memory freed in the old ones stayed
-    resident (measured: the stage's growth over the corpus was not cut without this wait)."""
+    caches) and before glibc has put its heap on the list that new threads take theirs from: a new
+    thread started sooner may get a heap of its own while the memory freed in the old one stays
+    resident. Without the wait that was left to timing (one run renewing every 64 MiB grew +154 MB
+    over the corpus, against +113-125 with it)."""
     if not sys.platform.startswith("linux"):
         return
     for tid in thread_ids:
