@@ -46,12 +46,12 @@ KEYS = ("wall", "user", "sys", "encode", "encode_cpu", "read_cpu", "write_cpu", 
 
 
 def anon_mb() -> float:
-    """This process' anonymous resident memory (Linux), MB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    """This process' anonymous resident memory, MB: RSS less the file-backed and shared pages
+    (psutil's `shared`; on Linux RssAnon), so the mapped text the parts read is not counted."""
+    import psutil
+
+    m = psutil.Process().memory_info()
+    return (m.rss - getattr(m, "shared", 0)) / 2**20
 
 
 def run_once(saved: Path, tokenizer: Path, out: Path, fraction: float = 1.0) -> dict:
