@@ -278,15 +278,33 @@ def text_bytes(table: pa.Table) -> np.ndarray:
 
 
 def row_bytes(column, row: int) -> memoryview:
-    """The UTF-8 bytes of one value of a (chunked) string column, without copying them."""
-    for chunk in column.chunks:
-        if row < len(chunk):
-            break
-        row -= len(chunk)
-    if chunk.null_count and not chunk[row].is_valid:
-        return memoryview(b"")
-    offsets_type = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
-    _, offsets_buf, data_buf = chunk.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=offsets_type)
-    start, stop = int(offsets[chunk.offset + row]), int(offsets[chunk.offset + row + 1])
-    return memoryview(data_buf)[start:stop]
+    """The UTF-8 bytes of one value of a (chunked) string column, without copying them. For many
+    rows of one column, `ColumnRows`."""
+    return ColumnRows(column)(row)
+
+
+class ColumnRows:
+    """The UTF-8 bytes of single values of a (chunked) string column, without copying them: the
+    chunks and where each starts are found once. Walking `column.chunks` for each row made a
+    Python object per chunk each time: the check's 1,695 rows out of convert's 530 record batches
+    took 0.35 s of the reference process' CPU, beside the stages it should leave the cores to."""
+
+    def __init__(self, column) -> None:
+        self.chunks = column.chunks
+        self.starts = np.cumsum([0] + [len(c) for c in self.chunks], dtype=np.int64)
+        self._offsets: dict[int, tuple[np.ndarray, memoryview]] = {}
+
+    def __call__(self, row: int) -> memoryview:
+        if not 0 <= row < self.starts[-1]:
+            raise IndexError(f"row {row} of a column of {int(self.starts[-1])} rows")
+        i = int(np.searchsorted(self.starts, row, side="right")) - 1
+        chunk, row = self.chunks[i], row - int(self.starts[i])
+        if chunk.null_count and not chunk[row].is_valid:
+            return memoryview(b"")
+        if i not in self._offsets:
+            offsets_type = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+            _, offsets_buf, data_buf = chunk.buffers()
+            self._offsets[i] = (np.frombuffer(offsets_buf, dtype=offsets_type), memoryview(data_buf))
+        offsets, data = self._offsets[i]
+        start, stop = int(offsets[chunk.offset + row]), int(offsets[chunk.offset + row + 1])
+        return data[start:stop]

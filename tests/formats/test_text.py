@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from moai.clean.rows import DROPPED_SCHEMA
-from moai.formats.text import TEXT_SCHEMA, DatasetWriter, features_dict, text_batch
+from moai.formats.text import TEXT_SCHEMA, ColumnRows, DatasetWriter, features_dict, row_bytes, text_batch
 
 PLAIN = [pa.string(), pa.large_string(), pa.binary(), pa.bool_(), pa.float32(), pa.float64()] + [
     getattr(pa, f"{kind}{bits}")() for kind in ("int", "uint") for bits in (8, 16, 32, 64)
@@ -56,3 +56,17 @@ def test_a_folder_of_many_shards_keeps_every_row_in_order(tmp_path):
     assert len(state["_data_files"]) > 1
     opened = datasets.load_from_disk(str(tmp_path / "d"))
     assert opened["text"] == texts and opened["origin"] == list(range(len(texts)))
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string()], ids=str)
+def test_column_rows_give_each_rows_bytes_across_chunks_slices_and_nulls(kind):
+    texts = [f"row {i} " + "é한" * (i % 5) if i % 7 else None for i in range(100)]
+    chunks = [pa.array(texts[a:b], type=kind) for a, b in ((0, 30), (30, 31), (31, 31), (31, 100))]
+    chunks[3] = pa.array([None, *texts[31:100]], type=kind).slice(1)  # a chunk with an offset
+    column = pa.chunked_array(chunks, type=kind)
+    rows = ColumnRows(column)
+    for i, text in enumerate(texts):
+        want = b"" if text is None else text.encode("utf-8")
+        assert bytes(rows(i)) == want == bytes(row_bytes(column, i)), i
+    with pytest.raises(IndexError):
+        rows(100)

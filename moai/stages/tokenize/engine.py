@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from moai.errors import TokenizerError
-from moai.formats.text import MappedTable, open_split_table, origins_of, row_bytes, text_bytes
+from moai.formats.text import ColumnRows, MappedTable, open_split_table, origins_of, text_bytes
 from moai.stages.tokenize import engines, pieces
 from moai.stages.tokenize.tiktoken import NotExpressible, TiktokenSpec, spec_from_tokenizer_json
 from moai.stages.tokenizer import TokenizerInfo, loaded_tokenizer
@@ -261,10 +261,10 @@ def read_sample(mapped: MappedTable, rows: np.ndarray, doc_bytes: int) -> list[s
     # chunks first, and `as_py` would copy a whole giant document; this reads doc_bytes at most.
     # Each read faults in far more of the mapped file than the row (readahead): 1,336 rows spread
     # over 565 MB of text held ~450 MB resident. Dropping the pages every few rows keeps it small.
-    column = mapped.table.column(0)
+    row_bytes = ColumnRows(mapped.table.column(0))
     out = []
     for i, r in enumerate(rows):
-        out.append(_utf8_prefix(row_bytes(column, int(r)), doc_bytes))
+        out.append(_utf8_prefix(row_bytes(int(r)), doc_bytes))
         if i % 32 == 31:
             mapped.release()
     mapped.release()

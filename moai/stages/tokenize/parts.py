@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from moai.formats.text import (
+    ColumnRows,
     MappedTable,
     copy_origin_files,
     filled,
     open_split_table,
     origins_of,
-    row_bytes,
     text_bytes,
     text_list,
 )
@@ -183,6 +183,7 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
         comes with its bytes of text."""
         group: list[tuple[PartJob, Any]]
         group, docs, size = [], 0, 0
+        large_rows: dict[tuple[str, str], ColumnRows] = {}  # a split's, made at its first large document
         for job in jobs:
             key = (job.text_dir, job.split)
             if key not in tables:
@@ -197,7 +198,9 @@ def encode_parts(jobs: list[PartJob], on_batch=None) -> list[dict[str, Any]]:
                     if group:
                         yield group, size
                         group, docs, size = [], 0, 0
-                    data = row_bytes(table.column(0), job.start + lo)
+                    if key not in large_rows:
+                        large_rows[key] = ColumnRows(table.column(0))
+                    data = large_rows[key](job.start + lo)
                     yield [(job, data)], len(data)
                     large.pop(0)
                     lo += 1
