@@ -6,6 +6,7 @@ import bz2
 import gzip
 import json
 import lzma
+import sys
 
 import pytest
 import zstandard
@@ -243,3 +244,19 @@ def test_a_zstd_stream_cut_anywhere_is_an_error_and_whole_it_is_read():
             continue
         with pytest.raises(decompress_errors()):
             decompressing(io.BytesIO(whole[:cut]), "zstd").read()
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz"])
+def test_rows_closed_early_are_not_taken_for_a_decompression_error(tmp_path, monkeypatch, name):
+    """A convert stopped by a refused row closes its reader early (at interpreter exit, when its
+    generator is collected). That must not import the decompressors to match their errors: at
+    exit the import fails and printed an "Exception ignored" traceback after the one-line error."""
+    data = b"".join(json.dumps({"text": f"row {i}"}).encode() + b"\n" for i in range(100))
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    source = src(tmp_path / name)
+    (path,) = source_files(source)
+    rows = readers.file_rows(path, source, readers.Rows(source), [])
+    assert next(rows)[1]["text"] == "row 0"
+    for module in ("zstandard", "isal"):
+        monkeypatch.setitem(sys.modules, module, None)  # any import of them now fails
+    rows.close()

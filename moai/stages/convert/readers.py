@@ -335,6 +335,8 @@ def _opened(path: SourceFile, read: list[FileRead], fetched: io.RawIOBase | None
                 f = stack.enter_context(io.BufferedReader(decompressed, CHUNK_BYTES))
         try:
             yield f
+        except GeneratorExit:  # closed early (a row before was refused): not an error of the data
+            raise  # nor a reason to import the decompressors (at interpreter exit that import fails)
         except decompress_errors() as err:
             if codec is None:
                 raise
