@@ -141,8 +141,13 @@ def test_interrupting_the_caller_kills_the_whole_launch(tmp_path):
     import signal
 
     pid_file = tmp_path / "pid"
+    # The runner as a flow process is: Ctrl-C neither ignored nor blocked. A shell without job
+    # control ignores SIGINT in what it starts in the background (the suite run with `&`), and
+    # Python then installs no KeyboardInterrupt handler: the runner would never see the signal.
     code = f"""
-import os, yaml
+import os, signal, yaml
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
 from moai.config import parse_config
 from moai.launch import BASE_ACCELERATE_CONFIG, Launch, launch_command, run_launch, free_port
 t = parse_config(
